@@ -1,0 +1,1 @@
+"""The agent's interface to the world: byte tokenizer, tool-call grammar and the action format."""

@@ -1,0 +1,353 @@
+"""The bus: a thin, typed layer over nats-py and JetStream.
+
+One way to do each thing:
+- `publish` puts a message on a stream, de-duplicated by `Nats-Msg-Id`; a payload over the claim-check
+  threshold goes to the object store and the message carries its reference.
+- `consume` runs a durable pull consumer with explicit ack: ack after the handler returns, nak with a
+  back-off when it raises, dead-letter (with the reason) when a message cannot be decoded or keeps failing.
+- `request` / `serve` are request/reply with deadlines; errors travel back as a typed error reply.
+- `latest` / `watch` read the newest message on a subject and follow new ones (weight announcements).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+import structlog
+from nats.aio.msg import Msg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from crucible.contracts import ContractError, decode, encode, subjects
+from crucible.contracts.messages import DeadLetter, Message, ObjectRef
+from crucible.objectstore import ObjectStore
+from crucible.settings import CommonSettings
+
+M = TypeVar("M", bound=Message)
+log = structlog.get_logger("crucible.bus")
+
+CLAIM_HEADER = "Crucible-Claim"
+ERROR_HEADER = "Crucible-Error"
+DEDUP_WINDOW_S = 6 * 3600.0
+_NO_REPLY = b""
+
+
+class BusError(RuntimeError):
+    """The bus could not do what was asked."""
+
+
+class BusTimeout(BusError):
+    """No reply within the deadline: nobody serves the subject, or the server is overloaded."""
+
+
+class RemoteError(BusError):
+    """The service that answered a request reported an error."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class RequestError(Exception):
+    """Raised by a request handler to answer a clear error (bad input, unknown id, busy)."""
+
+    def __init__(self, code: str, detail: str) -> None:
+        super().__init__(f"{code}: {detail}")
+        self.code = code
+        self.detail = detail
+
+
+class _ErrorReply(msgspec.Struct):
+    code: str
+    detail: str
+
+
+def _stream_config(name: str, subjects_: list[str]) -> StreamConfig:
+    retention = RetentionPolicy.WORK_QUEUE if name == subjects.ROLLOUTS else RetentionPolicy.LIMITS
+    return StreamConfig(
+        name=name,
+        subjects=subjects_,
+        retention=retention,
+        storage=StorageType.FILE,
+        duplicate_window=DEDUP_WINDOW_S,
+        max_msg_size=-1,
+    )
+
+
+@dataclass
+class Delivery:
+    """One delivery of a stream message to a consumer handler."""
+
+    msg: Msg
+    subject: str
+    attempt: int
+    stream_seq: int
+    msg_id: str | None
+    held: bool = False
+
+    async def in_progress(self) -> None:
+        """Extend the ack deadline for long work."""
+        await self.msg.in_progress()
+
+    def hold(self) -> None:
+        """Keep the message unacknowledged after the handler returns; the owner acks it later."""
+        self.held = True
+
+    async def ack(self) -> None:
+        await self.msg.ack()
+
+
+Handler = Callable[[Any, Delivery], Awaitable[None]]
+
+
+class Bus:
+    def __init__(self, nc: nats.NATS, *, store: ObjectStore | None, name: str, claim_check_bytes: int) -> None:
+        self.nc = nc
+        self.js = nc.jetstream()
+        self.store = store
+        self.name = name
+        self.claim_check_bytes = claim_check_bytes
+
+    @classmethod
+    async def connect(cls, settings: CommonSettings, *, store: ObjectStore | None = None, name: str) -> Bus:
+        async def on_error(exc: Exception) -> None:
+            log.warning("nats error", error=str(exc))
+
+        try:
+            nc = await nats.connect(
+                settings.nats_url,
+                name=f"crucible-{name}",
+                connect_timeout=5,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=1,
+                error_cb=on_error,
+            )
+        except Exception as exc:  # nats raises several unrelated types for an unreachable server
+            raise BusError(f"cannot connect to NATS at {settings.nats_url}: {exc}") from exc
+        return cls(nc, store=store, name=name, claim_check_bytes=settings.claim_check_bytes)
+
+    async def ensure_streams(self) -> None:
+        for name, subjects_ in subjects.STREAMS.items():
+            config = _stream_config(name, subjects_)
+            try:
+                await self.js.add_stream(config)
+            except nats.js.errors.BadRequestError:
+                await self.js.update_stream(config)
+
+    async def close(self) -> None:
+        if self.nc.is_connected:
+            try:
+                await self.nc.drain()
+            except (nats.errors.ConnectionClosedError, nats.errors.FlushTimeoutError):
+                pass
+        await self.nc.close()
+
+    # --- encoding with claim checks -------------------------------------------------------------
+
+    async def _pack(self, subject: str, message: Message, claim_key: str | None) -> tuple[bytes, dict[str, str]]:
+        data = encode(message)
+        if len(data) <= self.claim_check_bytes:
+            return data, {}
+        if self.store is None:
+            raise BusError(f"{len(data)} byte message on {subject} needs the object store, and this bus has none")
+        ref = await self.store.put_bytes(claim_key or f"bus/{subject}/{time.time_ns()}.msgpack", data)
+        return msgspec.msgpack.encode(ref), {CLAIM_HEADER: "1"}
+
+    async def _unpack(self, data: bytes, headers: dict[str, str] | None, type_: type[M]) -> M:
+        if headers and headers.get(CLAIM_HEADER):
+            if self.store is None:
+                raise ContractError("claim-checked message, but this bus has no object store")
+            try:
+                ref = msgspec.msgpack.decode(data, type=ObjectRef)
+            except msgspec.DecodeError as exc:
+                raise ContractError(f"bad claim check: {exc}") from exc
+            data = await self.store.get_bytes(ref)
+        return decode(data, type_)
+
+    # --- streams ----------------------------------------------------------------------------------
+
+    async def publish(
+        self, subject: str, message: Message, *, msg_id: str | None = None, claim_key: str | None = None
+    ) -> bool:
+        """Publish to a stream and wait for the server's ack. Returns False if it was a duplicate."""
+        data, headers = await self._pack(subject, message, claim_key)
+        if msg_id:
+            headers["Nats-Msg-Id"] = msg_id
+        ack = await self.js.publish(subject, data, headers=headers or None, timeout=10)
+        return not ack.duplicate
+
+    async def consume(
+        self,
+        *,
+        stream: str,
+        durable: str,
+        filter_subject: str,
+        handler: Handler,
+        message_type: type[M],
+        stop: asyncio.Event,
+        ack_wait: float = 30.0,
+        max_deliver: int = 5,
+        batch: int = 1,
+        deliver_new: bool = False,
+        max_ack_pending: int = 256,
+    ) -> None:
+        """Run a durable pull consumer until `stop` is set; in-flight messages finish first."""
+        config = ConsumerConfig(
+            durable_name=durable,
+            ack_policy=AckPolicy.EXPLICIT,
+            ack_wait=ack_wait,
+            max_deliver=max_deliver,
+            filter_subject=filter_subject,
+            deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
+            max_ack_pending=max(max_ack_pending, batch),
+        )
+        psub = await self.js.pull_subscribe(filter_subject, durable=durable, stream=stream, config=config)
+        try:
+            while not stop.is_set():
+                try:
+                    msgs = await psub.fetch(batch, timeout=1.0)
+                except nats.errors.TimeoutError:
+                    continue
+                except nats.errors.ConnectionClosedError:
+                    return
+                for msg in msgs:
+                    await self._deliver(msg, stream, durable, handler, message_type, max_deliver)
+        finally:
+            try:
+                await psub.unsubscribe()
+            except (nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
+                pass
+
+    async def _deliver(
+        self, msg: Msg, stream: str, durable: str, handler: Handler, type_: type[M], max_deliver: int
+    ) -> None:
+        meta = msg.metadata
+        headers = dict(msg.headers or {})
+        delivery = Delivery(
+            msg=msg,
+            subject=msg.subject,
+            attempt=meta.num_delivered,
+            stream_seq=meta.sequence.stream,
+            msg_id=headers.get("Nats-Msg-Id"),
+        )
+        try:
+            message = await self._unpack(msg.data, headers, type_)
+        except ContractError as exc:
+            await self.dead_letter(msg, stream=stream, consumer=durable, reason=str(exc))
+            return
+        try:
+            await handler(message, delivery)
+        except asyncio.CancelledError:
+            await msg.nak()
+            raise
+        except Exception as exc:  # a handler bug must not stop the consumer
+            reason = f"{type(exc).__name__}: {exc}"
+            log.warning("handler failed", stream=stream, consumer=durable, attempt=delivery.attempt, error=reason)
+            if delivery.attempt >= max_deliver:
+                await self.dead_letter(msg, stream=stream, consumer=durable, reason=reason)
+            else:
+                await msg.nak(delay=min(30.0, 0.5 * 2 ** (delivery.attempt - 1)))
+            return
+        if not delivery.held:
+            await msg.ack()
+
+    async def dead_letter(self, msg: Msg, *, stream: str, consumer: str, reason: str) -> None:
+        """Park a message that cannot be processed, with the reason, and stop its redelivery."""
+        letter = DeadLetter(
+            stream=stream,
+            subject=msg.subject,
+            consumer=consumer,
+            reason=reason,
+            deliveries=msg.metadata.num_delivered,
+            payload=msg.data,
+            headers={k: v for k, v in (msg.headers or {}).items()},
+        )
+        log.error("dead-lettered", stream=stream, consumer=consumer, subject=msg.subject, reason=reason)
+        await self.js.publish(subjects.dead_letter(stream), encode(letter))
+        await msg.term()
+
+    async def latest(self, stream: str, subject: str, type_: type[M]) -> M | None:
+        """The newest message on a subject, or None."""
+        try:
+            raw = await self.js.get_last_msg(stream, subject)
+        except nats.js.errors.NotFoundError:
+            return None
+        return await self._unpack(raw.data or b"", dict(raw.headers or {}), type_)
+
+    async def watch(
+        self, subject: str, type_: type[M], callback: Callable[[M], Awaitable[None]], *, last_per_subject: bool = False
+    ) -> Any:
+        """Follow a stream subject with an ordered, ephemeral consumer: new messages only, or first the
+        newest message of every matching subject and then new ones."""
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                message = await self._unpack(msg.data, dict(msg.headers or {}), type_)
+            except ContractError as exc:
+                log.error("undecodable message on watched subject", subject=msg.subject, error=str(exc))
+                return
+            await callback(message)
+
+        policy = DeliverPolicy.LAST_PER_SUBJECT if last_per_subject else DeliverPolicy.NEW
+        return await self.js.subscribe(subject, cb=on_msg, ordered_consumer=True, deliver_policy=policy)
+
+    # --- request / reply --------------------------------------------------------------------------
+
+    async def request(self, subject: str, message: Message, reply_type: type[M], *, timeout: float = 5.0) -> M:
+        data, headers = await self._pack(subject, message, None)
+        try:
+            reply = await self.nc.request(subject, data, timeout=timeout, headers=headers or None)
+        except nats.errors.NoRespondersError as exc:
+            raise BusTimeout(f"no service answers {subject}") from exc
+        except nats.errors.TimeoutError as exc:
+            raise BusTimeout(f"no reply on {subject} within {timeout:.1f}s") from exc
+        reply_headers = dict(reply.headers or {})
+        if reply_headers.get(ERROR_HEADER):
+            err = msgspec.msgpack.decode(reply.data, type=_ErrorReply)
+            raise RemoteError(err.code, err.detail)
+        return await self._unpack(reply.data, reply_headers, reply_type)
+
+    async def serve(
+        self,
+        subject: str,
+        handler: Callable[[Any], Awaitable[Message]],
+        request_type: type[M],
+        *,
+        queue: str | None = None,
+    ) -> Any:
+        """Answer requests on a subject; each request runs as its own task."""
+        tasks: set[asyncio.Task] = set()
+
+        async def answer(msg: Msg) -> None:
+            try:
+                request = await self._unpack(msg.data, dict(msg.headers or {}), request_type)
+                reply = await handler(request)
+                data, headers = await self._pack(msg.reply, reply, None)
+            except (RequestError, ContractError) as exc:
+                code = exc.code if isinstance(exc, RequestError) else "bad_request"
+                detail = exc.detail if isinstance(exc, RequestError) else str(exc)
+                data, headers = msgspec.msgpack.encode(_ErrorReply(code, detail)), {ERROR_HEADER: "1"}
+            except Exception as exc:  # never let one request take the service down
+                log.exception("request handler failed", subject=subject)
+                data = msgspec.msgpack.encode(_ErrorReply("internal", f"{type(exc).__name__}: {exc}"))
+                headers = {ERROR_HEADER: "1"}
+            if msg.reply:
+                try:
+                    await self.nc.publish(msg.reply, data, headers=headers or None)
+                except nats.errors.ConnectionClosedError:
+                    pass
+
+        async def on_msg(msg: Msg) -> None:
+            task = asyncio.create_task(answer(msg))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+
+        return await self.nc.subscribe(subject, queue=queue or "", cb=on_msg)

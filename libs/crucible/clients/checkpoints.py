@@ -1,0 +1,153 @@
+"""Client side of the checkpoints service: the trainer publishes weights, rollouts load them.
+
+Weights are a manifest (every tensor's name, shape, dtype and shard) plus safetensors shards in the
+object store under `runs/<run>/weights/<version:06d>/`. The trainer uploads the shards itself and asks
+the service to commit them; the service verifies and announces. A loader checks every shard's sha256
+(the object store does) and every tensor against the manifest, so a rollout never runs weights other
+than the ones announced. torch is imported inside the functions that need it: the checkpoints service
+uses this module's layout helpers without installing torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from crucible.contracts import subjects
+from crucible.contracts.messages import (
+    CheckpointReply,
+    CheckpointRequest,
+    CommitReply,
+    CommitRequest,
+    TensorEntry,
+    WeightsManifest,
+)
+from crucible.objectstore import IntegrityError
+
+if TYPE_CHECKING:
+    import torch
+
+    from crucible.bus import Bus
+    from crucible.objectstore import ObjectStore
+
+DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
+
+
+class WeightsError(RuntimeError):
+    """Loaded weights do not match their manifest (corrupt shard, missing or reshaped tensor)."""
+
+
+def weights_prefix(run_id: str) -> str:
+    return f"runs/{run_id}/weights/"
+
+
+def version_prefix(run_id: str, version: int) -> str:
+    return f"{weights_prefix(run_id)}{version:06d}/"
+
+
+def shard_key(run_id: str, version: int, index: int) -> str:
+    return f"{version_prefix(run_id, version)}shard-{index}.safetensors"
+
+
+def manifest_key(run_id: str, version: int) -> str:
+    return f"{version_prefix(run_id, version)}manifest.msgpack"
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def plan_shards(*, sizes: dict[str, int], shard_bytes: int) -> Iterator[list[str]]:
+    """Group tensor names, in order, into shards of at most `shard_bytes` (a bigger tensor is alone)."""
+    if shard_bytes <= 0:
+        raise ValueError(f"shard_bytes must be positive, got {shard_bytes}")
+    current: list[str] = []
+    used = 0
+    for name, size in sizes.items():
+        if current and used + size > shard_bytes:
+            yield current
+            current, used = [], 0
+        current.append(name)
+        used += size
+    if current:
+        yield current
+
+
+async def publish_weights(
+    *,
+    bus: Bus,
+    store: ObjectStore,
+    run_id: str,
+    version: int,
+    step: int,
+    state_dict: dict[str, torch.Tensor],
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
+    timeout: float = 120.0,
+) -> WeightsManifest:
+    """Upload `state_dict` as safetensors shards and commit it as `version`; safe to retry."""
+    from safetensors.torch import save
+
+    if not state_dict:
+        raise ValueError("state_dict is empty")
+    tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
+    sizes = {name: t.numel() * t.element_size() for name, t in tensors.items()}
+    entries: list[TensorEntry] = []
+    shards = []
+    for index, names in enumerate(plan_shards(sizes=sizes, shard_bytes=shard_bytes)):
+        data = save({name: tensors[name] for name in names}, metadata={"run_id": run_id, "version": str(version)})
+        shards.append(await store.put_bytes(shard_key(run_id, version, index), data))
+        entries += [
+            TensorEntry(name=n, shape=list(tensors[n].shape), dtype=dtype_name(tensors[n].dtype), shard=index)
+            for n in names
+        ]
+    manifest = WeightsManifest(
+        run_id=run_id, version=version, step=step, created_at=time.time(), tensors=entries, shards=shards
+    )
+    await bus.request(subjects.CHECKPOINTS_COMMIT, CommitRequest(manifest=manifest), CommitReply, timeout=timeout)
+    return manifest
+
+
+async def get_manifest(*, bus: Bus, run_id: str, version: int | None = None, timeout: float = 10.0) -> WeightsManifest:
+    """The manifest of `version`, or of the latest announced version when None."""
+    request = CheckpointRequest(run_id=run_id, version=version)
+    reply = await bus.request(subjects.CHECKPOINTS_GET, request, CheckpointReply, timeout=timeout)
+    return reply.manifest
+
+
+async def load_shards(*, store: ObjectStore, manifest: WeightsManifest) -> dict[str, torch.Tensor]:
+    """Download and verify every shard of `manifest`; raise WeightsError on any mismatch."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    where = f"run {manifest.run_id} version {manifest.version}"
+    state: dict[str, torch.Tensor] = {}
+    for index, ref in enumerate(manifest.shards):
+        try:
+            loaded = load(await store.get_bytes(ref))
+        except IntegrityError as exc:
+            raise WeightsError(f"{where}: shard {index} is corrupt: {exc}") from exc
+        except SafetensorError as exc:
+            raise WeightsError(f"{where}: shard {index} is not a safetensors file: {exc}") from exc
+        expected = {e.name: e for e in manifest.tensors if e.shard == index}
+        if missing := sorted(expected.keys() - loaded.keys()):
+            raise WeightsError(f"{where}: shard {index} lacks tensors {missing}")
+        if extra := sorted(loaded.keys() - expected.keys()):
+            raise WeightsError(f"{where}: shard {index} has tensors not in the manifest: {extra}")
+        for name, tensor in loaded.items():
+            entry = expected[name]
+            if list(tensor.shape) != entry.shape or dtype_name(tensor.dtype) != entry.dtype:
+                raise WeightsError(
+                    f"{where}: tensor {name} is {dtype_name(tensor.dtype)}{list(tensor.shape)}, "
+                    f"manifest says {entry.dtype}{entry.shape}"
+                )
+        state.update(loaded)
+    return state
+
+
+async def load_weights(
+    *, bus: Bus, store: ObjectStore, run_id: str, version: int | None = None
+) -> tuple[WeightsManifest, dict[str, torch.Tensor]]:
+    """Fetch a version's manifest (the latest when None) and its verified tensors."""
+    manifest = await get_manifest(bus=bus, run_id=run_id, version=version)
+    return manifest, await load_shards(store=store, manifest=manifest)

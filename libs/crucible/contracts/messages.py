@@ -1,0 +1,215 @@
+"""Typed, versioned messages: one msgspec struct per message on the bus.
+
+Each struct carries a tag (`<name>.v<version>`) in its msgpack encoding, so a consumer that receives a
+message of the wrong type or version gets a clear decode error instead of a half-parsed object. Big
+arrays travel as packed little-endian bytes (see `packing`), never as lists of Python numbers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+
+class Message(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_fields=False):
+    """Base of every bus message."""
+
+
+class ObjectRef(msgspec.Struct, kw_only=True, frozen=True):
+    """A claim check: where a payload lives in the object store and how to verify it."""
+
+    uri: str  # s3://bucket/key
+    sha256: str
+    size: int
+
+
+class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Everything that defines a run. Validated at the REST edge; carried on RunCreated."""
+
+    taskset: str = "pybugs"
+    difficulties: list[int] = msgspec.field(default_factory=lambda: [1, 2])
+    model_preset: str = "tiny"
+    precision: str = "bf16"  # "bf16" | "mxfp8"
+    seed: int = 0
+    group_size: int = 4  # rollouts per task (group-relative advantages)
+    groups_per_step: int = 2  # groups in one optimizer step
+    max_steps: int = 6
+    publish_every: int = 2  # a new weight version every K optimizer steps
+    max_staleness: int = 2  # versions a token may lag the trainer's current version
+    learning_rate: float = 1e-3
+    clip_eps: float = 0.2
+    max_turns: int = 3
+    max_action_tokens: int = 40
+    max_observation_bytes: int = 200
+    temperature: float = 1.0
+
+
+class RunCreated(Message, tag="run.created.v1"):
+    run_id: str
+    name: str
+    config: RunConfig
+    created_at: float
+
+
+class TaskSpec(msgspec.Struct, kw_only=True):
+    """What a rollout may see of a task."""
+
+    task_id: str
+    taskset: str
+    difficulty: int
+    statement: str
+    snapshot: ObjectRef  # tar.gz of the buggy repository
+
+
+class TaskSecret(msgspec.Struct, kw_only=True):
+    """What only the grader may see: hidden tests and the reference patch."""
+
+    task_id: str
+    hidden_tests: ObjectRef  # tar.gz of test files, laid over the repository root
+    test_command: list[str]
+    reference_patch: str
+
+
+class SampleRequest(Message, tag="catalog.sample.v1"):
+    run_id: str
+    taskset: str
+    count: int = 1
+    difficulties: list[int] | None = None
+    seed: int | None = None
+
+
+class SampleReply(Message, tag="catalog.sample_reply.v1"):
+    tasks: list[TaskSpec]
+
+
+class TaskRequest(Message, tag="catalog.get.v1"):
+    task_id: str
+    include_secret: bool = False
+
+
+class TaskReply(Message, tag="catalog.get_reply.v1"):
+    task: TaskSpec
+    secret: TaskSecret | None = None
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    index: int
+    name: str
+    arguments: str
+    ok: bool
+    output: str  # as the agent saw it (capped)
+    duration_s: float
+    token_start: int  # span of the call's tokens in the trajectory
+    token_end: int
+    policy_version: int
+
+
+class Trajectory(Message, tag="trajectory.v1"):
+    """One episode of one rollout. Per-token arrays are packed little-endian, all of length T."""
+
+    run_id: str
+    trajectory_id: str
+    group_id: str
+    task_id: str
+    taskset: str
+    tokens: bytes  # u32
+    logprobs: bytes  # f32 behaviour logprobs (0 where loss_mask is 0)
+    versions: bytes  # u32 policy version that produced each token (env tokens: version at the time)
+    loss_mask: bytes  # u8: 1 where the policy sampled the token
+    constraints: bytes  # u8: index of the decoding constraint in force (see rollout.grammar)
+    routes: bytes = b""  # u8 expert ids [T, layers, top_k] for router replay; empty for dense models
+    routes_shape: list[int] = msgspec.field(default_factory=list)
+    tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+    final_diff: str = ""
+    finish_reason: str = "done"
+    rollout_replica: str = ""
+    started_at: float = 0.0
+    finished_at: float = 0.0
+
+
+class TestResult(msgspec.Struct, kw_only=True):
+    nodeid: str
+    outcome: str  # passed | failed | error | skipped
+
+
+class Reward(msgspec.Struct, kw_only=True):
+    total: float
+    tests_passed: int
+    tests_total: int
+    components: dict[str, float] = msgspec.field(default_factory=dict)
+    tests: list[TestResult] = msgspec.field(default_factory=list)
+    note: str = ""
+
+
+class GradedTrajectory(Message, tag="graded.v1"):
+    trajectory: Trajectory
+    reward: Reward
+    graded_at: float
+    grader_replica: str = ""
+
+
+class TensorEntry(msgspec.Struct, kw_only=True):
+    name: str
+    shape: list[int]
+    dtype: str
+    shard: int  # index into WeightsManifest.shards
+
+
+class WeightsManifest(Message, tag="weights.manifest.v1"):
+    run_id: str
+    version: int
+    step: int
+    created_at: float
+    tensors: list[TensorEntry]
+    shards: list[ObjectRef]  # safetensors files
+
+
+class CommitRequest(Message, tag="checkpoints.commit.v1"):
+    """The trainer has uploaded shards; the checkpoint service verifies and announces them."""
+
+    manifest: WeightsManifest
+
+
+class CommitReply(Message, tag="checkpoints.commit_reply.v1"):
+    manifest: ObjectRef
+
+
+class WeightsAnnounced(Message, tag="weights.announced.v1"):
+    run_id: str
+    version: int
+    step: int
+    manifest: ObjectRef
+
+
+class CheckpointRequest(Message, tag="checkpoints.get.v1"):
+    run_id: str
+    version: int | None = None  # None: the latest
+
+
+class CheckpointReply(Message, tag="checkpoints.get_reply.v1"):
+    manifest: WeightsManifest
+
+
+class Event(Message, tag="event.v1"):
+    """Run history: everything the api stores that is not a graded trajectory.
+
+    kinds: run.status {status}, step {step, version, loss, reward_mean, staleness_mean, trajectory_ids,
+    ...}, checkpoint {version, step, manifest_uri, ...}, rollout {replica, version, episodes, ...}.
+    """
+
+    run_id: str
+    kind: str
+    ts: float
+    data: dict[str, Any] = msgspec.field(default_factory=dict)
+    source: str = ""
+
+
+class DeadLetter(Message, tag="deadletter.v1"):
+    stream: str
+    subject: str
+    consumer: str
+    reason: str
+    deliveries: int
+    payload: bytes
+    headers: dict[str, str] = msgspec.field(default_factory=dict)

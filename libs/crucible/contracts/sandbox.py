@@ -1,0 +1,95 @@
+"""Sandbox request/reply messages.
+
+`sandbox.create` is served by a queue group (any replica with room answers); the reply names the replica
+that now holds the session, and every later call goes to `sandbox.<replica>.<verb>` (see
+`subjects.sandbox_call`) with one of the verbs below. Errors come back as `RemoteError` codes:
+`unknown_session`, `busy`, `bad_snapshot`, `bad_request`, `diff_too_large`, `session_closed`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from crucible.contracts.messages import Message, ObjectRef
+
+VERB_TOOL = "tool"
+VERB_DIFF = "diff"
+VERB_APPLY = "apply"
+VERB_RUN = "run"
+VERB_OVERLAY = "overlay"
+VERB_DESTROY = "destroy"
+VERBS = (VERB_TOOL, VERB_DIFF, VERB_APPLY, VERB_RUN, VERB_OVERLAY, VERB_DESTROY)
+
+
+class ToolResult(msgspec.Struct, kw_only=True):
+    """What one tool call did. A failed call is a result with ok=False and an error, never an exception."""
+
+    ok: bool
+    output: str = ""
+    error: str | None = None
+    truncated: bool = False
+    exit_code: int | None = None
+    timed_out: bool = False
+    duration_s: float = 0.0
+
+
+class CreateRequest(Message, tag="sandbox.create.v1"):
+    run_id: str
+    task_id: str
+    snapshot: ObjectRef  # tar.gz of the repository, members relative to its root
+    ttl_s: float = 600.0  # idle time after which the session is destroyed; every call renews it
+
+
+class CreateReply(Message, tag="sandbox.create_reply.v1"):
+    session_id: str
+    replica: str
+
+
+class ToolRequest(Message, tag="sandbox.tool.v1"):
+    session_id: str
+    name: str
+    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class ToolReply(Message, tag="sandbox.tool_reply.v1"):
+    result: ToolResult
+
+
+class DiffRequest(Message, tag="sandbox.diff.v1"):
+    session_id: str
+
+
+class DiffReply(Message, tag="sandbox.diff_reply.v1"):
+    diff: str  # unified diff (git, with binary hunks) of the workspace against the snapshot
+
+
+class ApplyRequest(Message, tag="sandbox.apply.v1"):
+    session_id: str
+    patch: str
+
+
+class RunRequest(Message, tag="sandbox.run.v1"):
+    """Run a command in the session's sandbox: `argv` as given, or `command` through bash; exactly one."""
+
+    session_id: str
+    argv: list[str] | None = None
+    command: str | None = None
+    timeout_s: float | None = None  # None: the service default
+    output_cap: int | None = None  # bytes of output kept (head and tail); None: the service default
+
+
+class OverlayRequest(Message, tag="sandbox.overlay.v1"):
+    """Lay a tar.gz over the workspace root (the grader's hidden tests)."""
+
+    session_id: str
+    archive: ObjectRef
+
+
+class DestroyRequest(Message, tag="sandbox.destroy.v1"):
+    session_id: str
+
+
+class DestroyReply(Message, tag="sandbox.destroy_reply.v1"):
+    destroyed: bool  # False when the session was already gone

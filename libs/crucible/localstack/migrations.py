@@ -1,0 +1,44 @@
+"""Run the database migrations as their own step, before any service that uses the database starts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+
+DATABASE_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")
+
+
+class MigrationError(RuntimeError):
+    """`python -m crucible.db.migrate` failed; the message carries its output."""
+
+
+def check_database_url(database_url: str) -> str:
+    if not database_url.startswith(DATABASE_SCHEMES):
+        raise ValueError(
+            f"unsupported database URL {database_url.split('://')[0]}://…; "
+            f"use postgresql+asyncpg://user@host:port/db or sqlite+aiosqlite:///path/to/file.db"
+        )
+    return database_url
+
+
+def run_migrations(*, database_url: str, env: Mapping[str, str] | None = None, timeout_s: float = 300.0) -> str:
+    """Upgrade the schema at `database_url` to the newest migration; returns the tool's output."""
+    check_database_url(database_url)
+    child_env = {**os.environ, **(env or {}), "CRUCIBLE_DATABASE_URL": database_url}
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "crucible.db.migrate"],
+            env=child_env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise MigrationError(f"migrations did not finish within {timeout_s:.0f}s") from exc
+    output = (done.stdout + done.stderr).strip()
+    if done.returncode != 0:
+        raise MigrationError(f"migrations failed (exit {done.returncode}):\n{output}")
+    return output

@@ -1,0 +1,104 @@
+"""Model configuration and named presets, from a CPU test size to real sizes."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+
+VOCAB_SIZE = 320  # 256 byte tokens + 64 special tokens, the same in every preset
+PRECISIONS = ("fp32", "bf16", "mxfp8")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    """Shape of a decoder-only MoE transformer.
+
+    Layers before `first_moe_layer` use a dense SwiGLU feed-forward of width `ffn_dim`; the rest use
+    `num_experts` routed experts of width `expert_dim` (top `top_k` per token) plus, when
+    `shared_expert_dim` > 0, one always-on shared expert. `num_experts == 0` gives a dense model.
+    """
+
+    vocab_size: int = VOCAB_SIZE
+    dim: int = 64
+    n_layers: int = 2
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    max_seq_len: int = 4096
+    rope_theta: float = 10_000.0
+    norm_eps: float = 1e-5
+    ffn_dim: int = 128
+    num_experts: int = 4
+    top_k: int = 2
+    expert_dim: int = 64
+    shared_expert_dim: int = 0
+    first_moe_layer: int = 0
+    route_scale: float = 1.0
+    bias_update_rate: float = 1e-3
+    tie_embeddings: bool = False
+    init_std: float = 0.02
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.dim % self.n_heads:
+            problems.append(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
+        if self.n_heads % self.n_kv_heads:
+            problems.append(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
+        if (self.dim // self.n_heads) % 2:
+            problems.append("head_dim must be even for rotary embeddings")
+        if self.num_experts < 0 or self.num_experts > 256:
+            problems.append("num_experts must be in [0, 256] (routes travel as u8)")
+        if self.num_experts and not 1 <= self.top_k <= self.num_experts:
+            problems.append(f"top_k {self.top_k} must be in [1, num_experts={self.num_experts}]")
+        if not 0 <= self.first_moe_layer <= self.n_layers:
+            problems.append(f"first_moe_layer {self.first_moe_layer} outside [0, n_layers]")
+        for name in ("vocab_size", "dim", "n_layers", "n_heads", "n_kv_heads", "max_seq_len"):
+            if getattr(self, name) <= 0:
+                problems.append(f"{name} must be positive")
+        if problems:
+            raise ValueError("invalid ModelConfig: " + "; ".join(problems))
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        """Indices of the layers with routed experts."""
+        if self.num_experts == 0:
+            return ()
+        return tuple(range(self.first_moe_layer, self.n_layers))
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> ModelConfig:
+        fields = json.loads(text)
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(fields) - known
+        if unknown:
+            raise ValueError(f"unknown ModelConfig fields: {sorted(unknown)}")
+        return cls(**fields)
+
+
+PRESETS: dict[str, ModelConfig] = {
+    "tiny": ModelConfig(),
+    "tiny-dense": ModelConfig(num_experts=0, ffn_dim=128),
+    "small": ModelConfig(
+        dim=512, n_layers=8, n_heads=8, n_kv_heads=2, ffn_dim=1536, num_experts=16, top_k=2,
+        expert_dim=384, shared_expert_dim=384, first_moe_layer=1, max_seq_len=8192,
+    ),
+    "1b-a200m": ModelConfig(
+        dim=1024, n_layers=16, n_heads=16, n_kv_heads=4, ffn_dim=4096, num_experts=64, top_k=6,
+        expert_dim=512, shared_expert_dim=1024, first_moe_layer=1, max_seq_len=32768, rope_theta=500_000.0,
+    ),
+    "16b-a3b": ModelConfig(
+        dim=2048, n_layers=28, n_heads=16, n_kv_heads=4, ffn_dim=10944, num_experts=64, top_k=6,
+        expert_dim=1408, shared_expert_dim=2816, first_moe_layer=1, max_seq_len=32768, rope_theta=500_000.0,
+    ),
+    "30b-a3b": ModelConfig(
+        dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, ffn_dim=6144, num_experts=128, top_k=8,
+        expert_dim=768, first_moe_layer=0, max_seq_len=32768, rope_theta=1_000_000.0,
+    ),
+}

@@ -1,0 +1,65 @@
+"""Dense and grouped (per-expert) matmuls at a chosen precision.
+
+Master weights and activations between layers are fp32. "bf16" casts both operands to bf16 for the
+product and returns fp32; "mxfp8" runs the emulated MX GEMMs (forward and both backward GEMMs);
+"fp32" is the plain product, for tests and references.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from torch.utils.weak import WeakIdKeyDictionary
+
+from crucible.model.config import PRECISIONS
+from crucible.model.mx_gemm import mx_grouped_mm, mx_linear
+
+
+_BF16_COPIES = WeakIdKeyDictionary()
+
+
+def to_bf16(w: torch.Tensor) -> torch.Tensor:
+    """w in bf16; outside autograd the copy is kept and reused until w changes (decoding speed)."""
+    if torch.is_grad_enabled() and w.requires_grad:
+        return w.to(torch.bfloat16)
+    key = (w._version, w.data_ptr())
+    hit = _BF16_COPIES.get(w)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    copy = w.detach().to(torch.bfloat16)
+    _BF16_COPIES[w] = (key, copy)
+    return copy
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
+    return precision
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, *, precision: str) -> torch.Tensor:
+    """x[..., in] @ w[out, in].T, returned in fp32."""
+    if precision == "fp32":
+        return F.linear(x, w)
+    if precision == "bf16":
+        return F.linear(x.to(torch.bfloat16), to_bf16(w)).float()
+    if precision == "mxfp8":
+        return mx_linear(x, w)
+    raise ValueError(f"unknown precision {precision!r}")
+
+
+def grouped_linear(x_MK: torch.Tensor, w_ENK: torch.Tensor, counts: list[int], *, precision: str) -> torch.Tensor:
+    """Rows of x grouped by expert (`counts[e]` rows for expert e), each group times w[e].T, in fp32."""
+    if len(counts) != w_ENK.shape[0] or sum(counts) != x_MK.shape[0]:
+        raise ValueError(f"counts {counts} do not match {x_MK.shape[0]} rows and {w_ENK.shape[0]} experts")
+    if precision == "mxfp8":
+        return mx_grouped_mm(x_MK, w_ENK, counts)
+    if precision == "bf16":
+        x_MK, w_ENK = x_MK.to(torch.bfloat16), to_bf16(w_ENK)
+    elif precision != "fp32":
+        raise ValueError(f"unknown precision {precision!r}")
+    out = [F.linear(g, w_ENK[e]) for e, g in enumerate(x_MK.split(counts)) if counts[e]]
+    if not out:
+        return x_MK.new_zeros(0, w_ENK.shape[1], dtype=torch.float32)
+    return torch.cat(out).float()

@@ -1,0 +1,109 @@
+"""Mixture-of-Experts feed-forward: fp32 router with loss-free load balancing and replay, grouped experts.
+
+Parallelism is applied from outside through two seams:
+- `MoE.dispatch(x_ND, ids_NK, weights_NK) -> y_ND` moves tokens to their experts and combines the
+  results; an expert-parallel wrapper replaces it with an all-to-all version.
+- `GroupedExperts.forward(x_MD, counts)` runs the experts on rows already sorted by expert; its
+  weights are single [experts, ...] tensors that can be sharded along the expert dimension.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from crucible.model.config import ModelConfig
+from crucible.model.layers import FeedForward
+from crucible.model.matmul import grouped_linear
+
+
+class Router(nn.Module):
+    """Sigmoid-scored top-k router in fp32.
+
+    A per-expert bias (`expert_bias`, saved with the weights) is added to the scores only to choose the
+    experts, never to weight them; `update_bias` nudges it against the load observed in training
+    (`tokens_per_expert`), which balances experts without an auxiliary loss. Under data or expert
+    parallelism, sum `tokens_per_expert` across ranks before calling `update_bias`.
+    """
+
+    def __init__(self, dim: int, *, num_experts: int, top_k: int, route_scale: float) -> None:
+        super().__init__()
+        self.num_experts, self.top_k, self.route_scale = num_experts, top_k, route_scale
+        self.weight = nn.Parameter(torch.empty(num_experts, dim))
+        self.register_buffer("expert_bias", torch.zeros(num_experts))
+        self.register_buffer("tokens_per_expert", torch.zeros(num_experts), persistent=False)
+
+    def forward(self, x_ND: torch.Tensor, replay_NK: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Expert ids [N, k] and their combine weights [N, k] (fp32).
+
+        With `replay_NK`, those expert ids are used instead of the router's own choice, except rows
+        marked -1, which are routed afresh. Weights always come from the current router scores.
+        """
+        scores = torch.sigmoid(F.linear(x_ND.float(), self.weight.float()))
+        ids = torch.topk(scores.detach() + self.expert_bias, self.top_k, dim=-1).indices
+        if replay_NK is not None:
+            ids = torch.where(replay_NK[:, :1] >= 0, replay_NK, ids)
+        weights = scores.gather(1, ids)
+        weights = weights / weights.sum(dim=-1, keepdim=True) * self.route_scale
+        if self.training:
+            with torch.no_grad():
+                self.tokens_per_expert += torch.bincount(ids.flatten(), minlength=self.num_experts).float()
+        return ids, weights
+
+    @torch.no_grad()
+    def update_bias(self, *, rate: float) -> None:
+        """Raise the bias of under-loaded experts and lower it for over-loaded ones; reset the counts."""
+        load = self.tokens_per_expert
+        if load.sum() > 0:
+            self.expert_bias += rate * torch.sign(load.mean() - load)
+        load.zero_()
+
+
+class GroupedExperts(nn.Module):
+    """`num_experts` SwiGLU experts stored as grouped tensors w1_EFD, w3_EFD (gate, up) and w2_EDF (down)."""
+
+    def __init__(self, dim: int, hidden_dim: int, *, num_experts: int) -> None:
+        super().__init__()
+        self.w1_EFD = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.w3_EFD = nn.Parameter(torch.empty(num_experts, hidden_dim, dim))
+        self.w2_EDF = nn.Parameter(torch.empty(num_experts, dim, hidden_dim))
+        self.precision = "fp32"
+
+    def forward(self, x_MD: torch.Tensor, counts: list[int]) -> torch.Tensor:
+        """Rows of x sorted by expert, `counts[e]` rows for local expert e."""
+        p = self.precision
+        h = F.silu(grouped_linear(x_MD, self.w1_EFD, counts, precision=p))
+        h = h * grouped_linear(x_MD, self.w3_EFD, counts, precision=p)
+        return grouped_linear(h, self.w2_EDF, counts, precision=p)
+
+
+class MoE(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.num_experts, self.top_k = cfg.num_experts, cfg.top_k
+        self.router = Router(cfg.dim, num_experts=cfg.num_experts, top_k=cfg.top_k, route_scale=cfg.route_scale)
+        self.experts = GroupedExperts(cfg.dim, cfg.expert_dim, num_experts=cfg.num_experts)
+        self.shared_expert = FeedForward(cfg.dim, cfg.shared_expert_dim) if cfg.shared_expert_dim else None
+
+    def forward(self, x_BTD: torch.Tensor, replay_BTK: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Output [B, T, D] and the expert ids used [B, T, k]."""
+        B, T, D = x_BTD.shape
+        x_ND = x_BTD.reshape(B * T, D)
+        replay_NK = None if replay_BTK is None else replay_BTK.reshape(B * T, self.top_k)
+        ids_NK, weights_NK = self.router(x_ND, replay_NK)
+        y_ND = self.dispatch(x_ND, ids_NK, weights_NK)
+        if self.shared_expert is not None:
+            y_ND = y_ND + self.shared_expert(x_ND)
+        return y_ND.view(B, T, D), ids_NK.view(B, T, self.top_k)
+
+    def dispatch(self, x_ND: torch.Tensor, ids_NK: torch.Tensor, weights_NK: torch.Tensor) -> torch.Tensor:
+        """Send each token to its k experts and return the weighted sum of their outputs [N, D]."""
+        N, K = ids_NK.shape
+        flat = ids_NK.flatten()
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
+        y_sorted = self.experts(x_ND[order // K], counts)
+        y_flat = torch.empty_like(y_sorted)
+        y_flat[order] = y_sorted
+        return (y_flat.view(N, K, -1) * weights_NK.unsqueeze(-1)).sum(dim=1)

@@ -1,0 +1,134 @@
+"""The object store: a thin async layer over the `minio` S3 client.
+
+Works against any S3 server (SeaweedFS embedded, MinIO in compose). Every put returns an `ObjectRef`
+with the payload's sha256, and every get can verify it, so a torn or tampered object is caught where
+it is read. The minio client is synchronous; calls run in worker threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+from pathlib import Path
+
+import urllib3
+from minio import Minio
+from minio.error import S3Error
+
+from crucible.contracts.messages import ObjectRef
+from crucible.settings import CommonSettings
+
+
+class IntegrityError(RuntimeError):
+    """An object's bytes do not match the sha256 its reference promises."""
+
+
+class ObjectNotFound(KeyError):
+    pass
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    if not uri.startswith("s3://") or "/" not in uri[5:]:
+        raise ValueError(f"not an s3://bucket/key uri: {uri!r}")
+    bucket, key = uri[5:].split("/", 1)
+    return bucket, key
+
+
+class ObjectStore:
+    def __init__(self, client: Minio, bucket: str) -> None:
+        self.client = client
+        self.bucket = bucket
+
+    @classmethod
+    def from_settings(cls, settings: CommonSettings) -> ObjectStore:
+        http = urllib3.PoolManager(
+            timeout=urllib3.Timeout(connect=5, read=60),
+            maxsize=16,
+            retries=urllib3.Retry(total=3, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+        )
+        client = Minio(
+            settings.s3_endpoint,
+            access_key=settings.s3_access_key,
+            secret_key=settings.s3_secret_key,
+            secure=settings.s3_secure,
+            http_client=http,
+        )
+        return cls(client, settings.s3_bucket)
+
+    def uri(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    async def ensure_bucket(self) -> None:
+        def run() -> None:
+            if not self.client.bucket_exists(self.bucket):
+                try:
+                    self.client.make_bucket(self.bucket)
+                except S3Error as exc:
+                    if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
+                        raise
+
+        await asyncio.to_thread(run)
+
+    async def put_bytes(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> ObjectRef:
+        digest = hashlib.sha256(data).hexdigest()
+
+        def run() -> None:
+            self.client.put_object(
+                self.bucket, key, io.BytesIO(data), len(data), content_type=content_type, metadata={"sha256": digest}
+            )
+
+        await asyncio.to_thread(run)
+        return ObjectRef(uri=self.uri(key), sha256=digest, size=len(data))
+
+    async def get_bytes(self, ref: ObjectRef | str, *, verify: bool = True) -> bytes:
+        uri = ref.uri if isinstance(ref, ObjectRef) else ref
+        bucket, key = parse_uri(uri)
+
+        def run() -> bytes:
+            try:
+                response = self.client.get_object(bucket, key)
+            except S3Error as exc:
+                if exc.code in ("NoSuchKey", "NoSuchBucket"):
+                    raise ObjectNotFound(uri) from exc
+                raise
+            try:
+                return response.read()
+            finally:
+                response.close()
+                response.release_conn()
+
+        data = await asyncio.to_thread(run)
+        if verify and isinstance(ref, ObjectRef):
+            digest = hashlib.sha256(data).hexdigest()
+            if digest != ref.sha256 or len(data) != ref.size:
+                raise IntegrityError(f"{uri}: sha256 {digest} size {len(data)}, expected {ref.sha256} size {ref.size}")
+        return data
+
+    async def put_file(self, key: str, path: Path) -> ObjectRef:
+        return await self.put_bytes(key, Path(path).read_bytes())
+
+    async def get_file(self, ref: ObjectRef, path: Path) -> None:
+        data = await self.get_bytes(ref)
+        await asyncio.to_thread(Path(path).write_bytes, data)
+
+    async def exists(self, key: str) -> bool:
+        def run() -> bool:
+            try:
+                self.client.stat_object(self.bucket, key)
+                return True
+            except S3Error as exc:
+                if exc.code in ("NoSuchKey", "NoSuchObject", "NotFound"):
+                    return False
+                raise
+
+        return await asyncio.to_thread(run)
+
+    async def delete(self, key: str) -> None:
+        await asyncio.to_thread(self.client.remove_object, self.bucket, key)
+
+    async def list(self, prefix: str) -> list[str]:
+        def run() -> list[str]:
+            return [o.object_name for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True)]
+
+        return await asyncio.to_thread(run)

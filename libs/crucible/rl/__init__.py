@@ -1,0 +1,1 @@
+"""RL math as pure functions: advantages, losses, off-policy corrections, staleness rules."""

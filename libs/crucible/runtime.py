@@ -1,0 +1,167 @@
+"""The service runtime every Crucible service runs in.
+
+It loads settings (a bad config exits with a clear message), connects the bus, the object store and
+Redis, serves /healthz, /readyz and /metrics, runs the service's `setup`, and on SIGTERM or SIGINT
+stops taking new work, lets in-flight work finish (or hands it back to JetStream), and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
+
+import redis.asyncio as aioredis
+import structlog
+import uvicorn
+from fastapi import FastAPI, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest
+from pydantic import ValidationError
+
+from crucible.bus import Bus
+from crucible.objectstore import ObjectStore
+from crucible.settings import CommonSettings
+from crucible.telemetry import configure_logging
+
+S = TypeVar("S", bound=CommonSettings)
+SHUTDOWN_GRACE_S = 20.0
+
+
+class Runtime:
+    def __init__(self, *, name: str, settings: CommonSettings) -> None:
+        self.name = name
+        self.settings = settings
+        self.log = structlog.get_logger(f"crucible.{name}")
+        self.stopping = asyncio.Event()
+        self.metrics: CollectorRegistry = REGISTRY
+        self.bus: Bus = None  # type: ignore[assignment]  # set by start()
+        self.store: ObjectStore = None  # type: ignore[assignment]
+        self.redis: aioredis.Redis = None  # type: ignore[assignment]
+        self.http_port: int | None = None
+        self._ready = False
+        self._tasks: list[asyncio.Task] = []
+        self._closers: list[Callable[[], Awaitable[None]]] = []
+
+    def ready(self) -> None:
+        self._ready = True
+        self.log.info("ready", http_port=self.http_port)
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], *, name: str | None = None) -> asyncio.Task:
+        """Run a background loop; it should return soon after `stopping` is set."""
+        task = asyncio.create_task(coro, name=name)
+        task.add_done_callback(self._on_task_done)
+        self._tasks.append(task)
+        return task
+
+    def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
+        self._closers.append(closer)
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        if task.cancelled() or task.exception() is None:
+            return
+        self.log.error("background task failed; stopping", task=task.get_name(), error=repr(task.exception()))
+        self.stopping.set()
+
+    async def start(self) -> None:
+        s = self.settings
+        self.store = ObjectStore.from_settings(s)
+        await self.store.ensure_bucket()
+        self.bus = await Bus.connect(s, store=self.store, name=self.name)
+        await self.bus.ensure_streams()
+        self.redis = aioredis.from_url(s.redis_url, socket_connect_timeout=5)
+        await self.redis.ping()
+        await self._serve_health()
+
+    async def _serve_health(self) -> None:
+        app = FastAPI(title=f"crucible-{self.name} health", docs_url=None, redoc_url=None, openapi_url=None)
+
+        @app.get("/healthz")
+        async def healthz() -> dict[str, str]:
+            return {"status": "ok", "service": self.name, "replica": self.settings.replica}
+
+        @app.get("/readyz")
+        async def readyz(response: Response) -> dict[str, Any]:
+            connected = self.bus is not None and self.bus.nc.is_connected
+            ok = self._ready and connected and not self.stopping.is_set()
+            response.status_code = 200 if ok else 503
+            return {"ready": ok, "bus": connected}
+
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            return Response(generate_latest(self.metrics), media_type=CONTENT_TYPE_LATEST)
+
+        config = uvicorn.Config(
+            app, host=self.settings.http_host, port=self.settings.http_port, log_level="warning", lifespan="off"
+        )
+        server = uvicorn.Server(config)
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        task = asyncio.create_task(server.serve(), name="health")
+        while not server.started:
+            if task.done():
+                task.result()
+                raise RuntimeError("health server exited at start")
+            await asyncio.sleep(0.01)
+        self.http_port = server.servers[0].sockets[0].getsockname()[1]
+
+        async def stop_server() -> None:
+            server.should_exit = True
+            await task
+
+        self._closers.insert(0, stop_server)
+
+    async def shutdown(self) -> None:
+        self._ready = False
+        self.stopping.set()
+        pending = [t for t in self._tasks if not t.done()]
+        if pending:
+            _, still = await asyncio.wait(pending, timeout=SHUTDOWN_GRACE_S)
+            for task in still:
+                task.cancel()
+            await asyncio.gather(*still, return_exceptions=True)
+        for closer in reversed(self._closers):
+            try:
+                await closer()
+            except Exception as exc:
+                self.log.warning("error while closing", error=repr(exc))
+        if self.bus is not None:
+            await self.bus.close()
+        if self.redis is not None:
+            await self.redis.aclose()
+        self.log.info("stopped")
+
+
+def load_settings(settings_cls: type[S]) -> S:
+    try:
+        return settings_cls()
+    except ValidationError as exc:
+        lines = [f"  CRUCIBLE_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()]
+        print("crucible: invalid configuration\n" + "\n".join(lines), file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+async def run(name: str, settings: CommonSettings, setup: Callable[[Runtime], Awaitable[None]]) -> None:
+    rt = Runtime(name=name, settings=settings)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, rt.stopping.set)
+    try:
+        await rt.start()
+        await setup(rt)
+        rt.ready()
+        await rt.stopping.wait()
+        rt.log.info("stopping")
+    finally:
+        await rt.shutdown()
+
+
+def run_service(name: str, settings_cls: type[CommonSettings], setup: Callable[[Runtime], Awaitable[None]]) -> None:
+    """Entry point of `python -m services.<name>`."""
+    settings = load_settings(settings_cls)
+    configure_logging(service=name, replica=settings.replica, level=settings.log_level, json=settings.log_json)
+    try:
+        asyncio.run(run(name, settings, setup))
+    except Exception as exc:
+        structlog.get_logger(f"crucible.{name}").error("service failed", error=f"{type(exc).__name__}: {exc}")
+        raise SystemExit(1) from None

@@ -1,0 +1,35 @@
+"""Settings shared by every service (env prefix CRUCIBLE_). Each service subclasses this in its own
+services/<name>/settings.py and adds only what it needs."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CRUCIBLE_", extra="ignore", frozen=True)
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    """NATS server with JetStream enabled."""
+    s3_endpoint: str = "127.0.0.1:8333"
+    """S3 API endpoint, host:port (MinIO, SeaweedFS or any S3 server)."""
+    s3_access_key: str = "crucible"
+    s3_secret_key: str = "crucible-secret"
+    s3_bucket: str = "crucible"
+    s3_secure: bool = False
+    database_url: str = "sqlite+aiosqlite:///crucible.db"
+    """SQLAlchemy async URL: postgresql+asyncpg://... in production, SQLite as the embedded default."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=0, ge=0, le=65535)
+    """Health, readiness and /metrics; 0 picks a free port."""
+    replica: str = Field(default_factory=lambda: f"{socket.gethostname().split('.')[0]}-{os.getpid()}")
+    """This replica's name; must be unique among replicas of one service."""
+    log_level: str = "INFO"
+    log_json: bool = False
+    claim_check_bytes: int = Field(default=512 * 1024, ge=1024)
+    """Payloads larger than this go to the object store; the message carries a reference."""

@@ -1,0 +1,16 @@
+from __future__ import annotations
+
+from pydantic import Field
+
+from crucible.settings import CommonSettings
+
+
+class Settings(CommonSettings):
+    api_host: str = "127.0.0.1"
+    """Interface the REST API listens on."""
+    api_port: int = Field(default=8000, ge=0, le=65535)
+    """REST API port; 0 picks a free port."""
+    ingest_batch: int = Field(default=32, ge=1, le=1024)
+    """Stream messages fetched per pull while ingesting."""
+    ingest_max_deliver: int = Field(default=5, ge=1)
+    """Deliveries of a message that keeps failing before it is dead-lettered."""

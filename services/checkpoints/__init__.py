@@ -1,0 +1,1 @@
+"""checkpoints: the system of record for weight versions (manifests, shards, announcements, retention)."""

@@ -1,0 +1,100 @@
+"""Committing and looking up weight versions.
+
+A version exists once its manifest is in the object store and its announcement is on the WEIGHTS
+stream; the announcement is what makes it visible. Committing is idempotent: the trainer retries after a
+crash, and an identical re-commit re-publishes with the same message ids, which JetStream de-duplicates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from crucible.bus import Bus, RequestError
+from crucible.clients.checkpoints import manifest_key
+from crucible.contracts import ContractError, decode, encode, subjects
+from crucible.contracts.messages import Event, ObjectRef, WeightsAnnounced, WeightsManifest
+from crucible.objectstore import ObjectNotFound, ObjectStore
+from services.checkpoints.shards import verify_shards
+from services.checkpoints.validation import check_manifest, check_run_id, same_weights
+
+
+async def latest_announced(*, bus: Bus, run_id: str) -> WeightsAnnounced | None:
+    return await bus.latest(subjects.WEIGHTS, subjects.weights_announced(run_id), WeightsAnnounced)
+
+
+async def read_manifest(*, store: ObjectStore, ref: ObjectRef | str) -> WeightsManifest:
+    try:
+        return decode(await store.get_bytes(ref), WeightsManifest)
+    except ContractError as exc:
+        raise RequestError("corrupt_manifest", f"{ref}: {exc}") from exc
+
+
+async def commit(*, bus: Bus, store: ObjectStore, manifest: WeightsManifest, chunk_bytes: int) -> ObjectRef:
+    """Verify the uploaded shards, store the manifest and announce the version."""
+    check_manifest(manifest=manifest, bucket=store.bucket)
+    key = manifest_key(manifest.run_id, manifest.version)
+    latest = await latest_announced(bus=bus, run_id=manifest.run_id)
+    if latest is not None and manifest.version <= latest.version:
+        ref = await _recommit(store=store, manifest=manifest, key=key, latest=latest)
+        if manifest.version < latest.version:
+            return ref  # re-announcing an older version would make it the latest again
+    else:
+        await verify_shards(store=store, shards=manifest.shards, chunk_bytes=chunk_bytes)
+        ref = await store.put_bytes(key, encode(manifest), content_type="application/msgpack")
+    await announce(bus=bus, manifest=manifest, ref=ref)
+    return ref
+
+
+async def _recommit(*, store: ObjectStore, manifest: WeightsManifest, key: str, latest: WeightsAnnounced) -> ObjectRef:
+    try:
+        data = await store.get_bytes(store.uri(key))
+    except ObjectNotFound:
+        data = None
+    try:
+        stored = decode(data, WeightsManifest) if data is not None else None
+    except ContractError:
+        stored = None
+    if stored is None or not same_weights(stored, manifest):
+        raise RequestError(
+            "bad_version",
+            f"run {manifest.run_id} has announced version {latest.version}; version {manifest.version} must be "
+            "newer, or an identical re-commit of a committed version",
+        )
+    return ObjectRef(uri=store.uri(key), sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+
+
+async def announce(*, bus: Bus, manifest: WeightsManifest, ref: ObjectRef) -> None:
+    run_id, version = manifest.run_id, manifest.version
+    announced = WeightsAnnounced(run_id=run_id, version=version, step=manifest.step, manifest=ref)
+    await bus.publish(subjects.weights_announced(run_id), announced, msg_id=f"{run_id}/weights/{version}")
+    event = Event(
+        run_id=run_id,
+        kind="checkpoint",
+        ts=time.time(),
+        source="checkpoints",
+        data={
+            "version": version,
+            "step": manifest.step,
+            "manifest_uri": ref.uri,
+            "num_tensors": len(manifest.tensors),
+            "size_bytes": sum(s.size for s in manifest.shards),
+        },
+    )
+    await bus.publish(subjects.events(run_id, "checkpoint"), event, msg_id=f"{run_id}/checkpoint/{version}")
+
+
+async def get(*, bus: Bus, store: ObjectStore, run_id: str, version: int | None) -> WeightsManifest:
+    """The manifest of an announced version (the latest when None)."""
+    check_run_id(run_id)
+    latest = await latest_announced(bus=bus, run_id=run_id)
+    if latest is None:
+        raise RequestError("not_found", f"run {run_id} has no announced weights")
+    if version is None or version == latest.version:
+        return await read_manifest(store=store, ref=latest.manifest)
+    if not 0 <= version < latest.version:
+        raise RequestError("not_found", f"run {run_id} has no version {version} (latest is {latest.version})")
+    try:
+        return await read_manifest(store=store, ref=store.uri(manifest_key(run_id, version)))
+    except ObjectNotFound as exc:
+        raise RequestError("not_found", f"run {run_id} version {version} was never committed or was retired") from exc

@@ -1,0 +1,194 @@
+"""Rollout service: follows weight announcements, runs groups of episodes, publishes trajectories."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import torch
+from prometheus_client import Counter, Gauge
+
+from crucible.bus import BusError, RemoteError
+from crucible.clients.checkpoints import load_weights
+from crucible.clients.sandbox import SandboxClient
+from crucible.contracts import subjects
+from crucible.contracts.messages import (
+    Event,
+    RunConfig,
+    RunCreated,
+    SampleReply,
+    SampleRequest,
+    Trajectory,
+    WeightsAnnounced,
+)
+from crucible.runtime import Runtime
+from services.rollout.admission import budget_spent, try_admit
+from services.rollout.engine import PolicyEngine
+from services.rollout.episode import run_episode
+from services.rollout.settings import Settings
+
+EPISODES = Counter("crucible_rollout_episodes_total", "Episodes finished", ["run_id", "finish_reason"])
+TOKENS = Counter("crucible_rollout_tokens_total", "Tokens in finished episodes", ["run_id"])
+VERSION = Gauge("crucible_rollout_policy_version", "Policy version loaded", ["run_id"])
+
+
+class RunWorker:
+    """Everything one replica does for one run."""
+
+    def __init__(self, *, rt: Runtime, run_id: str, config: RunConfig) -> None:
+        self.rt = rt
+        self.settings: Settings = rt.settings  # type: ignore[assignment]
+        self.run_id = run_id
+        self.config = config
+        self.engine = PolicyEngine(config=config, max_context=self.settings.rollout_max_context)
+        self.new_version = asyncio.Event()
+        self.latest_announced = -1
+        self.sandboxes = SandboxClient(rt.bus)
+        self.episodes = 0
+        self.tokens = 0
+        self.started = time.monotonic()
+
+    async def on_announced(self, announced: WeightsAnnounced) -> None:
+        self.latest_announced = max(self.latest_announced, announced.version)
+        self.rt.spawn(self._load(announced.version), name=f"load-{self.run_id}-{announced.version}")
+
+    async def _load(self, version: int) -> None:
+        if version < self.latest_announced or version <= self.engine.version:
+            return  # a newer version is on its way or already loaded
+        try:
+            manifest, state = await load_weights(
+                bus=self.rt.bus, store=self.rt.store, run_id=self.run_id, version=version
+            )
+            await asyncio.to_thread(self.engine.swap, state, manifest.version)
+        except Exception as exc:  # keep sampling with the weights we have; the next announcement retries
+            self.rt.log.error("could not load weights", run_id=self.run_id, version=version, error=repr(exc))
+            return
+        VERSION.labels(self.run_id).set(self.engine.version)
+        self.rt.log.info("weights swapped in", run_id=self.run_id, version=self.engine.version)
+        self.new_version.set()
+
+    async def run(self) -> None:
+        slots = asyncio.Semaphore(self.settings.rollout_concurrent_groups)
+        groups: set[asyncio.Task] = set()
+        while not self.rt.stopping.is_set():
+            if await budget_spent(redis=self.rt.redis, run_id=self.run_id, config=self.config):
+                break
+            if self.engine.version < 0:
+                await self._wait_for_version()
+                continue
+            await slots.acquire()
+            index = await try_admit(redis=self.rt.redis, run_id=self.run_id, config=self.config, version=self.engine.version)
+            if index is None:
+                slots.release()
+                await self._wait_for_version()
+                continue
+            task = asyncio.create_task(self._group(index))
+            groups.add(task)
+            task.add_done_callback(lambda t: (groups.discard(t), slots.release()))
+        if groups:
+            await asyncio.gather(*groups, return_exceptions=True)
+        await self._report()
+        self.rt.log.info("run finished on this replica", run_id=self.run_id, episodes=self.episodes)
+
+    async def _wait_for_version(self) -> None:
+        self.new_version.clear()
+        try:
+            await asyncio.wait_for(self.new_version.wait(), timeout=1.0)
+        except TimeoutError:
+            pass
+
+    async def _group(self, index: int) -> None:
+        try:
+            reply = await self.rt.bus.request(
+                subjects.CATALOG_SAMPLE,
+                SampleRequest(
+                    run_id=self.run_id,
+                    taskset=self.config.taskset,
+                    count=1,
+                    difficulties=self.config.difficulties,
+                    seed=self.config.seed * 1_000_003 + index,
+                ),
+                SampleReply,
+                timeout=30,
+            )
+            task = reply.tasks[0]
+            group_id = f"{self.run_id}-g{index:05d}"
+            episodes = [self._episode(task, group_id, index * 1000 + i) for i in range(self.config.group_size)]
+            trajectories = await asyncio.gather(*episodes)
+            for trajectory in trajectories:
+                await self._publish(trajectory)
+        except (BusError, RemoteError) as exc:
+            # The group's admission slot is spent; the budget's spare groups cover it.
+            self.rt.log.error("group failed", run_id=self.run_id, group=index, error=str(exc))
+        await self._report()
+
+    async def _episode(self, task, group_id: str, seed: int) -> Trajectory:
+        async with await self.sandboxes.create(
+            run_id=self.run_id, task_id=task.task_id, snapshot=task.snapshot, ttl_s=600
+        ) as session:
+            trajectory = await run_episode(
+                engine=self.engine,
+                config=self.config,
+                task=task,
+                session=session,
+                run_id=self.run_id,
+                group_id=group_id,
+                seed=self.config.seed * 7919 + seed,
+                replica=self.settings.replica,
+                tool_timeout_s=self.settings.rollout_tool_timeout_s,
+            )
+        EPISODES.labels(self.run_id, trajectory.finish_reason).inc()
+        n = len(trajectory.tokens) // 4
+        TOKENS.labels(self.run_id).inc(n)
+        self.episodes += 1
+        self.tokens += n
+        return trajectory
+
+    async def _publish(self, trajectory: Trajectory) -> None:
+        await self.rt.bus.publish(
+            subjects.rollouts(self.run_id),
+            trajectory,
+            msg_id=trajectory.trajectory_id,
+            claim_key=f"runs/{self.run_id}/trajectories/{trajectory.trajectory_id}.msgpack",
+        )
+
+    async def _report(self) -> None:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        event = Event(
+            run_id=self.run_id,
+            kind="rollout",
+            ts=time.time(),
+            source=self.settings.replica,
+            data={
+                "replica": self.settings.replica,
+                "version": self.engine.version,
+                "episodes": self.episodes,
+                "tokens": self.tokens,
+                "tokens_per_s": self.tokens / elapsed,
+                "episodes_per_min": 60 * self.episodes / elapsed,
+            },
+        )
+        await self.rt.bus.publish(subjects.events(self.run_id, "rollout"), event, msg_id=uuid.uuid4().hex)
+
+
+async def setup(rt: Runtime) -> None:
+    settings: Settings = rt.settings  # type: ignore[assignment]
+    torch.set_num_threads(settings.rollout_torch_threads)
+    workers: dict[str, RunWorker] = {}
+
+    async def on_announced(announced: WeightsAnnounced) -> None:
+        worker = workers.get(announced.run_id)
+        if worker is None:
+            created = await rt.bus.latest(subjects.RUNS, subjects.run_created(announced.run_id), RunCreated)
+            if created is None:
+                rt.log.error("weights announced for an unknown run", run_id=announced.run_id)
+                return
+            if await budget_spent(redis=rt.redis, run_id=announced.run_id, config=created.config):
+                return
+            worker = workers[announced.run_id] = RunWorker(rt=rt, run_id=announced.run_id, config=created.config)
+            rt.spawn(worker.run(), name=f"run-{announced.run_id}")
+            rt.log.info("joined run", run_id=announced.run_id)
+        await worker.on_announced(announced)
+
+    await rt.bus.watch(subjects.WEIGHTS_ANNOUNCED_ALL, WeightsAnnounced, on_announced, last_per_subject=True)

@@ -1,0 +1,132 @@
+"""The inference engine: the policy model, its version, and constrained sampling with a KV cache.
+
+Weights are swapped between decode steps: `swap` loads a new state dict into a standby copy and then
+switches both (model, version) in one assignment, so every sampled token knows the version that made it.
+An episode that spans a swap keeps its KV cache (computed by the old weights), as asynchronous RL
+systems do; the per-token versions let the trainer see and bound exactly that staleness.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import torch
+
+from crucible.agent import grammar, tokenizer
+from crucible.contracts.messages import RunConfig
+from crucible.model import PRESETS, KVCache, Transformer, build_model
+
+
+@dataclass
+class EpisodeState:
+    """The growing token sequence of one episode, with everything the trainer needs per token."""
+
+    cache: KVCache
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    constraints: list[int] = field(default_factory=list)
+    routes: list[list[list[int]]] = field(default_factory=list)  # per fed token: [layers][top_k]
+    fed: int = 0  # tokens already run through the model
+
+    def append_env(self, tokens: list[int], version: int) -> None:
+        for token in tokens:
+            self.tokens.append(token)
+            self.logprobs.append(0.0)
+            self.versions.append(version)
+            self.loss_mask.append(0)
+            self.constraints.append(grammar.FREE)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class PolicyEngine:
+    def __init__(self, *, config: RunConfig, max_context: int) -> None:
+        self.config = config
+        self.model_config = PRESETS[config.model_preset]
+        if self.model_config.vocab_size != tokenizer.VOCAB_SIZE:
+            raise ValueError(f"preset {config.model_preset!r} has vocab {self.model_config.vocab_size}")
+        self.max_context = min(max_context, self.model_config.max_seq_len)
+        self._current: tuple[Transformer, int] | None = None
+        self._standby: Transformer | None = None
+        self._swap_lock = threading.Lock()
+        self._allowed = grammar.allowed_table(self.model_config.vocab_size)
+
+    @property
+    def version(self) -> int:
+        return -1 if self._current is None else self._current[1]
+
+    def _build(self) -> Transformer:
+        model = build_model(self.model_config, precision=self.config.precision, seed=self.config.seed)
+        model.eval()
+        model.requires_grad_(False)
+        return model
+
+    def swap(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        with self._swap_lock:
+            if version <= self.version:
+                return
+            standby = self._standby or self._build()
+            standby.load_state_dict(state_dict, strict=True)
+            previous = self._current[0] if self._current else None
+            self._current = (standby, version)
+            self._standby = previous
+
+    def new_episode(self) -> EpisodeState:
+        if self._current is None:
+            raise RuntimeError("no weights loaded yet")
+        return EpisodeState(cache=self._current[0].new_cache(batch_size=1, max_len=self.max_context))
+
+    @torch.no_grad()
+    def _feed(self, model: Transformer, state: EpisodeState) -> torch.Tensor:
+        """Run the not-yet-fed tokens through the model; returns the last position's logits [V]."""
+        pending = torch.tensor([state.tokens[state.fed :]], dtype=torch.long)
+        out = model(pending, cache=state.cache)
+        if out.routes is not None:
+            state.routes.extend(out.routes[0].tolist())
+        state.fed = len(state.tokens)
+        return out.logits[0, -1]
+
+    @torch.no_grad()
+    def sample_action(self, state: EpisodeState, *, generator: torch.Generator) -> tuple[str | None, str, bool]:
+        """Sample `<tool:NAME> ARGS <end>` after the `<act>` already in `state`.
+
+        Returns (tool name, argument text, context_exhausted).
+        """
+        budget = self.config.max_action_tokens
+        name: str | None = None
+        args: list[int] = []
+        constraint = grammar.TOOL
+        for step in range(budget):
+            if len(state) + 2 >= self.max_context:
+                return name, bytes(args).decode("utf-8", "replace"), True
+            model, version = self._current  # type: ignore[misc]
+            logits = self._feed(model, state)
+            logp = grammar.constrained_logprobs(
+                logits, torch.tensor(constraint), temperature=self.config.temperature
+            )
+            token = int(torch.multinomial(logp.exp(), 1, generator=generator))
+            state.tokens.append(token)
+            state.logprobs.append(float(logp[token]))
+            state.versions.append(version)
+            state.loss_mask.append(1)
+            state.constraints.append(constraint)
+            if constraint == grammar.TOOL:
+                name = tokenizer.tool_name(token)
+                constraint = grammar.ARGS
+            elif token == tokenizer.END:
+                break
+            else:
+                args.append(token)
+        else:
+            state.append_env([tokenizer.END], self.version)
+        return name, bytes(args).decode("utf-8", "replace"), False
+
+    @torch.no_grad()
+    def finish(self, state: EpisodeState) -> None:
+        """Feed the trailing tokens so that every position has its routing recorded."""
+        if state.fed < len(state) and self._current is not None:
+            self._feed(self._current[0], state)

@@ -1,0 +1,125 @@
+"""The agent loop: one episode of the policy working on a task inside a sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import torch
+
+from crucible.agent import tokenizer
+from crucible.clients.sandbox import SandboxSession
+from crucible.contracts.messages import RunConfig, TaskSpec, ToolCall, Trajectory
+from crucible.contracts.packing import pack
+from services.rollout.engine import EpisodeState, PolicyEngine
+
+SYSTEM_PROMPT = (
+    "You are a coding agent in a Python repository at /workspace. Fix the bug described below so that the "
+    "project's tests pass. Each turn, call one tool: read_file PATH | list_dir PATH | grep PATTERN | "
+    "replace PATH\\nOLD\\nNEW | run COMMAND | submit.\n"
+)
+
+
+def tool_arguments(name: str, text: str, *, timeout_s: float) -> dict:
+    """Map the agent's argument text to the sandbox tool's arguments."""
+    if name == "read_file":
+        return {"path": text.strip()}
+    if name == "list_dir":
+        return {"path": text.strip() or "."}
+    if name == "grep":
+        return {"pattern": text}
+    if name == "replace":
+        path, _, rest = text.partition("\n")
+        old, _, new = rest.partition("\n")
+        return {"path": path.strip(), "old": old, "new": new}
+    if name == "run":
+        return {"command": text, "timeout_s": timeout_s}
+    raise ValueError(f"unknown tool {name!r}")
+
+
+def observation(text: str, *, limit: int) -> list[int]:
+    data = text.encode("utf-8", "replace")
+    if len(data) > limit:
+        data = data[: limit - 4] + b"\n..."
+    return [tokenizer.OBS, *data]
+
+
+async def run_episode(
+    *,
+    engine: PolicyEngine,
+    config: RunConfig,
+    task: TaskSpec,
+    session: SandboxSession,
+    run_id: str,
+    group_id: str,
+    seed: int,
+    replica: str,
+    tool_timeout_s: float,
+) -> Trajectory:
+    started = time.time()
+    generator = torch.Generator().manual_seed(seed)
+    state: EpisodeState = engine.new_episode()
+    prompt = SYSTEM_PROMPT + "Task: " + task.statement
+    state.append_env([tokenizer.BOS, *observation(prompt, limit=4 * config.max_observation_bytes)], engine.version)
+    calls: list[ToolCall] = []
+    finish = "max_turns"
+    for turn in range(config.max_turns):
+        state.append_env([tokenizer.ACT], engine.version)
+        start = len(state)
+        name, args, exhausted = await asyncio.to_thread(engine.sample_action, state, generator=generator)
+        version = state.versions[-1]
+        if exhausted:
+            finish = "context"
+            break
+        if name == "submit":
+            finish = "submitted"
+            calls.append(_call(turn, "submit", args, True, "", 0.0, start, len(state), version))
+            break
+        t0 = time.perf_counter()
+        result = await session.tool(name, **tool_arguments(name, args, timeout_s=tool_timeout_s))
+        text = result.output if result.ok else f"error: {result.error}"
+        calls.append(_call(turn, name, args, result.ok, text, time.perf_counter() - t0, start, len(state), version))
+        state.append_env(observation(text, limit=config.max_observation_bytes), engine.version)
+    state.append_env([tokenizer.EOS], engine.version)
+    await asyncio.to_thread(engine.finish, state)
+    diff = await session.diff()
+    routes_shape: list[int] = []
+    routes = b""
+    if state.routes:
+        routes_shape = [len(state.routes), len(state.routes[0]), len(state.routes[0][0])]
+        routes = pack("u8", (e for layer in state.routes for k in layer for e in k))
+    return Trajectory(
+        run_id=run_id,
+        trajectory_id=uuid.uuid4().hex,
+        group_id=group_id,
+        task_id=task.task_id,
+        taskset=task.taskset,
+        tokens=pack("u32", state.tokens),
+        logprobs=pack("f32", state.logprobs),
+        versions=pack("u32", state.versions),
+        loss_mask=pack("u8", state.loss_mask),
+        constraints=pack("u8", state.constraints),
+        routes=routes,
+        routes_shape=routes_shape,
+        tool_calls=calls,
+        final_diff=diff,
+        finish_reason=finish,
+        rollout_replica=replica,
+        started_at=started,
+        finished_at=time.time(),
+    )
+
+
+def _call(index, name, args, ok, output, duration, start, end, version) -> ToolCall:
+    return ToolCall(
+        index=index,
+        name=name,
+        arguments=args,
+        ok=ok,
+        output=output,
+        duration_s=duration,
+        token_start=start,
+        token_end=end,
+        policy_version=version,
+    )

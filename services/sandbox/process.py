@@ -1,0 +1,128 @@
+"""Run one process with a hard timeout and an output cap, and say what happened as a `ToolResult`.
+
+The process starts in its own process group; on timeout or cancellation the whole group is killed.
+Output (stdout and stderr together) is read as it comes; when it exceeds the cap, the head and the
+tail are kept and the middle is dropped, so both the command's start and its final error survive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Mapping, Sequence
+
+from crucible.contracts.sandbox import ToolResult
+
+READ_CHUNK = 64 * 1024
+DRAIN_GRACE_S = 2.0
+
+
+class Capture:
+    """Keeps the first half and the last half of `cap` bytes of a stream (or all `cap` from the head)."""
+
+    def __init__(self, cap: int, *, keep_tail: bool = True) -> None:
+        self.head_cap = cap // 2 if keep_tail else cap
+        self.tail_cap = cap - self.head_cap
+        self.head = bytearray()
+        self.tail = bytearray()
+        self.total = 0
+
+    def feed(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.head_cap - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        self.tail += chunk
+        if len(self.tail) > 2 * self.tail_cap:
+            del self.tail[: len(self.tail) - self.tail_cap]
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.head_cap + self.tail_cap
+
+    def text(self) -> str:
+        tail = self.tail[-self.tail_cap :] if self.tail_cap else b""
+        if not self.truncated:
+            return (self.head + tail).decode(errors="replace")
+        omitted = self.total - len(self.head) - len(tail)
+        marker = f"\n[... {omitted} bytes of output omitted ...]\n"
+        return self.head.decode(errors="replace") + marker + bytes(tail).decode(errors="replace")
+
+    async def drain(self, stream: asyncio.StreamReader) -> None:
+        while chunk := await stream.read(READ_CHUNK):
+            self.feed(chunk)
+
+
+def _kill_group(proc: asyncio.subprocess.Process) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+async def _feed_stdin(proc: asyncio.subprocess.Process, data: bytes) -> None:
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(data)
+        await proc.stdin.drain()
+        proc.stdin.close()
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+
+
+async def execute(
+    argv: Sequence[str],
+    *,
+    timeout_s: float,
+    output_cap: int,
+    stdin: bytes | None = None,
+    cwd: str | None = None,
+    env: Mapping[str, str] | None = None,
+    keep_tail: bool = True,
+) -> ToolResult:
+    started = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+            env=env,
+        )
+    except OSError as exc:
+        return ToolResult(ok=False, error=f"cannot start {argv[0]}: {exc}", duration_s=time.monotonic() - started)
+    capture = Capture(output_cap, keep_tail=keep_tail)
+    assert proc.stdout is not None
+    reader = asyncio.create_task(capture.drain(proc.stdout))
+    timed_out = False
+    try:
+        async with asyncio.timeout(timeout_s):
+            if stdin is not None:
+                await _feed_stdin(proc, stdin)
+            await proc.wait()
+    except TimeoutError:
+        timed_out = True
+    finally:
+        if proc.returncode is None:
+            _kill_group(proc)
+            await proc.wait()
+        try:
+            await asyncio.wait_for(reader, DRAIN_GRACE_S)
+        except TimeoutError:
+            pass
+    code = proc.returncode
+    error = f"timed out after {timeout_s:g}s" if timed_out else (None if code == 0 else f"exit code {code}")
+    return ToolResult(
+        ok=code == 0 and not timed_out,
+        output=capture.text(),
+        error=error,
+        truncated=capture.truncated,
+        exit_code=None if timed_out else code,
+        timed_out=timed_out,
+        duration_s=round(time.monotonic() - started, 4),
+    )

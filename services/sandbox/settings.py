@@ -1,0 +1,45 @@
+"""Sandbox service settings (env prefix CRUCIBLE_)."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from pydantic import Field
+
+from crucible.settings import CommonSettings
+
+
+class Settings(CommonSettings):
+    workspace_root: Path = Field(default_factory=lambda: Path(tempfile.gettempdir()) / "crucible-sandbox")
+    """Where session workspaces live on this machine; each session gets a folder, removed on destroy."""
+    max_sessions: int = Field(default=32, ge=1)
+    """Sessions this replica holds at once; `sandbox.create` answers `busy` beyond that."""
+    max_ttl_s: float = Field(default=3600.0, gt=0)
+    """Upper bound on a session's idle TTL, whatever the request asks."""
+    reap_interval_s: float = Field(default=5.0, gt=0)
+    run_timeout_s: float = Field(default=60.0, gt=0)
+    """Timeout of a command when the caller names none."""
+    max_run_timeout_s: float = Field(default=900.0, gt=0)
+    output_cap_bytes: int = Field(default=16 * 1024, ge=256)
+    """Output kept from a command when the caller names no cap: its head and its tail."""
+    max_output_cap_bytes: int = Field(default=1024 * 1024, ge=256)
+    read_max_lines: int = Field(default=400, ge=1)
+    """Lines one read_file call returns at most."""
+    max_file_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """Largest file read_file and replace will open."""
+    list_max_entries: int = Field(default=500, ge=1)
+    grep_max_matches: int = Field(default=200, ge=1)
+    max_snapshot_bytes: int = Field(default=512 * 1024 * 1024, ge=1024)
+    """Largest unpacked size of a snapshot or overlay archive."""
+    max_snapshot_members: int = Field(default=100_000, ge=1)
+    max_diff_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    memory_bytes: int = Field(default=4 * 1024**3, ge=64 * 1024**2)
+    """Address-space limit of every process in a sandbox."""
+    max_processes: int = Field(default=256, ge=8)
+    max_write_bytes: int = Field(default=1024**3, ge=1024**2)
+    """Largest file a sandboxed process may write."""
+    cpu_seconds: int = Field(default=900, ge=1)
+    open_files: int = Field(default=1024, ge=64)
+    extra_ro_paths: list[Path] = Field(default_factory=list)
+    """Host folders mounted read-only at the same path inside (besides the system and this Python)."""

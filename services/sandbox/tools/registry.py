@@ -1,0 +1,93 @@
+"""The tool registry: each tool has a name, aliases, an argument struct (its schema) and an async impl.
+
+`call_tool` is the one entry point: it finds the tool, validates the arguments against the struct and
+turns every failure into a `ToolResult` with ok=False, so a bad call never raises through the service.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from crucible.bus import RequestError
+from crucible.contracts.sandbox import ToolResult
+from services.sandbox.paths import PathRefused
+
+if TYPE_CHECKING:
+    from services.sandbox.session import Session
+
+
+class ToolFailure(Exception):
+    """Raised by a tool impl to answer a clear error to the agent."""
+
+
+class Args(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """Base of every tool's arguments."""
+
+
+Impl = Callable[["Session", Any], Awaitable[ToolResult]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Tool:
+    name: str
+    description: str
+    args: type[Args]
+    impl: Impl
+    aliases: tuple[str, ...] = field(default=())
+
+    def schema(self) -> dict[str, Any]:
+        """A function-calling description: name, description and JSON schema of the arguments."""
+        return {"name": self.name, "description": self.description, "parameters": msgspec.json.schema(self.args)}
+
+
+TOOLS: dict[str, Tool] = {}
+_NAMES: dict[str, Tool] = {}
+
+
+def tool(*, name: str, args: type[Args], description: str, aliases: tuple[str, ...] = ()) -> Callable[[Impl], Impl]:
+    def register(impl: Impl) -> Impl:
+        entry = Tool(name=name, description=description, args=args, impl=impl, aliases=aliases)
+        for key in (name, *aliases):
+            if key in _NAMES:
+                raise ValueError(f"tool name {key!r} registered twice")
+            _NAMES[key] = entry
+        TOOLS[name] = entry
+        return impl
+
+    return register
+
+
+def lookup(name: str) -> Tool | None:
+    return _NAMES.get(name)
+
+
+def failure(error: str, *, started: float | None = None) -> ToolResult:
+    duration = round(time.monotonic() - started, 4) if started is not None else 0.0
+    return ToolResult(ok=False, error=error, duration_s=duration)
+
+
+async def call_tool(session: Session, name: str, arguments: dict[str, Any]) -> ToolResult:
+    started = time.monotonic()
+    entry = lookup(name)
+    if entry is None:
+        return failure(f"unknown tool {name!r}; tools: {', '.join(sorted(TOOLS))}", started=started)
+    try:
+        args = msgspec.convert(arguments, entry.args)
+    except msgspec.ValidationError as exc:
+        return failure(f"bad arguments for {entry.name}: {exc}", started=started)
+    try:
+        result = await entry.impl(session, args)
+    except (ToolFailure, PathRefused) as exc:
+        return failure(str(exc), started=started)
+    except RequestError:
+        raise
+    except Exception as exc:  # a tool bug answers an error result; the service keeps serving
+        return failure(f"{entry.name} failed: {type(exc).__name__}: {exc}", started=started)
+    if not result.duration_s:
+        result.duration_s = round(time.monotonic() - started, 4)
+    return result

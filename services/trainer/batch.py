@@ -1,0 +1,67 @@
+"""Graded trajectories to padded training tensors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from crucible.contracts.messages import GradedTrajectory
+from crucible.contracts.packing import unpack
+
+
+@dataclass
+class Batch:
+    tokens_BT: torch.Tensor  # long
+    behaviour_logprobs_BT: torch.Tensor  # f32, at the position of the sampled token
+    mask_BT: torch.Tensor  # f32, 1 where the policy sampled the token
+    constraints_BT: torch.Tensor  # long
+    advantages_BT: torch.Tensor  # f32, the trajectory's advantage on every token
+    routes_BTLk: torch.Tensor | None  # long, recorded expert choices for router replay
+    versions_BT: torch.Tensor  # long
+
+
+def collate(graded: list[GradedTrajectory], advantages: list[float]) -> Batch:
+    if len(graded) != len(advantages) or not graded:
+        raise ValueError("need one advantage per trajectory and at least one trajectory")
+    columns = []
+    for g in graded:
+        t = g.trajectory
+        tokens = unpack("u32", t.tokens)
+        arrays = [
+            tokens,
+            unpack("f32", t.logprobs),
+            unpack("u8", t.loss_mask),
+            unpack("u8", t.constraints),
+            unpack("u32", t.versions),
+        ]
+        if any(len(a) != len(tokens) for a in arrays):
+            raise ValueError(f"trajectory {t.trajectory_id}: per-token arrays differ in length")
+        columns.append(arrays)
+    B, T = len(graded), max(len(c[0]) for c in columns)
+
+    def pad(index: int, dtype: torch.dtype) -> torch.Tensor:
+        out = torch.zeros(B, T, dtype=dtype)
+        for b, c in enumerate(columns):
+            out[b, : len(c[index])] = torch.tensor(c[index], dtype=dtype)
+        return out
+
+    routes = None
+    shapes = [g.trajectory.routes_shape for g in graded]
+    if all(shapes):
+        L, k = shapes[0][1], shapes[0][2]
+        routes = torch.zeros(B, T, L, k, dtype=torch.long)
+        for b, g in enumerate(graded):
+            n = shapes[b][0]
+            values = torch.tensor(unpack("u8", g.trajectory.routes), dtype=torch.long)
+            routes[b, :n] = values.view(n, L, k)
+    adv = torch.tensor(advantages, dtype=torch.float32)[:, None].expand(B, T).contiguous()
+    return Batch(
+        tokens_BT=pad(0, torch.long),
+        behaviour_logprobs_BT=pad(1, torch.float32),
+        mask_BT=pad(2, torch.float32),
+        constraints_BT=pad(3, torch.long),
+        advantages_BT=adv,
+        routes_BTLk=routes,
+        versions_BT=pad(4, torch.long),
+    )

@@ -1,0 +1,131 @@
+"""Real servers for every test, once per session: the machine's own NATS, Redis and PostgreSQL when they
+answer on their usual loopback ports, otherwise embedded ones started by crucible.localstack; SeaweedFS
+is always started fresh, so every session's object store is empty. Tests run in one process (no xdist);
+each test gets its own bucket, stream prefix and SQLite file through `common_settings`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from crucible.localstack.processes import LOOPBACK, port_open
+from crucible.localstack.servers import jetstream_ready, start_nats, start_redis, start_seaweedfs
+from crucible.settings import CommonSettings
+
+S = TypeVar("S", bound=CommonSettings)
+POSTGRES_ADMIN_URL = f"postgresql://postgres@{LOOPBACK}:5432/postgres"
+
+
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def unique_name(prefix: str) -> str:
+    """A name no other test in this session (or a concurrent session on the same server) uses."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("servers")
+
+
+@pytest.fixture(scope="session")
+def nats_url(servers_dir: Path) -> Iterator[str]:
+    if jetstream_ready(port=4222):
+        yield f"nats://{LOOPBACK}:4222"
+        return
+    server = start_nats(state_dir=servers_dir)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_url(servers_dir: Path) -> Iterator[str]:
+    if port_open(host=LOOPBACK, port=6379):
+        yield f"redis://{LOOPBACK}:6379/0"
+        return
+    server = start_redis(state_dir=servers_dir)
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(servers_dir: Path) -> Iterator[dict[str, str]]:
+    """Settings fields of a fresh SeaweedFS S3 server: s3_endpoint, s3_access_key, s3_secret_key."""
+    access_key, secret_key = "crucible-test", uuid.uuid4().hex
+    server = start_seaweedfs(state_dir=servers_dir, access_key=access_key, secret_key=secret_key)
+    try:
+        yield {"s3_endpoint": server.endpoint, "s3_access_key": access_key, "s3_secret_key": secret_key}
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """A fresh database on the local PostgreSQL (user postgres), dropped at the end of the session."""
+    import asyncpg
+
+    name = unique_name("crucible_test").replace("-", "_")
+
+    async def admin(sql: str) -> None:
+        conn = await asyncpg.connect(POSTGRES_ADMIN_URL, timeout=5)
+        try:
+            await conn.execute(sql)
+        finally:
+            await conn.close()
+
+    try:
+        asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    except (OSError, asyncpg.PostgresError) as exc:
+        reason = f"PostgreSQL at {LOOPBACK}:5432 (user postgres) is unreachable: {exc}"
+        if _in_ci():
+            pytest.fail(reason + " (CI=true: PostgreSQL is required)")
+        pytest.skip(reason)
+    try:
+        yield f"postgresql+asyncpg://postgres@{LOOPBACK}:5432/{name}"
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def sqlite_url(tmp_path: Path) -> str:
+    return f"sqlite+aiosqlite:///{tmp_path / 'crucible.db'}"
+
+
+@pytest.fixture
+def common_settings(
+    nats_url: str, s3: dict[str, str], redis_url: str, sqlite_url: str
+) -> Callable[..., CommonSettings]:
+    """Factory: `common_settings(**overrides)` or `common_settings(services.x.settings.Settings, **overrides)`.
+
+    Every call in one test shares one bucket (and stream prefix, where the settings have one), unique
+    to the test, so tests never see each other's objects or messages on the shared servers."""
+    bucket = unique_name("crucible-test")
+    prefix = bucket.replace("-", "_").upper()
+
+    def make(settings_cls: type[S] = CommonSettings, /, **overrides: Any) -> S:  # type: ignore[assignment]
+        values: dict[str, Any] = {
+            "nats_url": nats_url,
+            "redis_url": redis_url,
+            "database_url": sqlite_url,
+            "s3_bucket": bucket,
+            "http_port": 0,
+            **s3,
+        }
+        if "bus_prefix" in settings_cls.model_fields:
+            values["bus_prefix"] = prefix
+        values.update(overrides)
+        return settings_cls(**values)
+
+    return make
