@@ -78,15 +78,23 @@ def postgres_url() -> Iterator[str]:
 
     name = unique_name("crucible_test").replace("-", "_")
 
-    async def admin(sql: str) -> None:
+    async def execute(sql: str) -> None:
         conn = await asyncpg.connect(POSTGRES_ADMIN_URL, timeout=5)
         try:
             await conn.execute(sql)
         finally:
             await conn.close()
 
+    def admin(sql: str) -> None:
+        # A private loop: asyncio.run would reset the thread's current loop under pytest-asyncio.
+        loop = asyncio.new_event_loop()
+        try:
+            loop.run_until_complete(execute(sql))
+        finally:
+            loop.close()
+
     try:
-        asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+        admin(f'CREATE DATABASE "{name}"')
     except (OSError, asyncpg.PostgresError) as exc:
         reason = f"PostgreSQL at {LOOPBACK}:5432 (user postgres) is unreachable: {exc}"
         if _in_ci():
@@ -95,7 +103,7 @@ def postgres_url() -> Iterator[str]:
     try:
         yield f"postgresql+asyncpg://postgres@{LOOPBACK}:5432/{name}"
     finally:
-        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 @pytest.fixture

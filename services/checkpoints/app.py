@@ -36,7 +36,9 @@ async def setup(rt: Runtime) -> None:
         return CommitReply(manifest=ref)
 
     async def on_get(request: CheckpointRequest) -> CheckpointReply:
-        manifest = await versions.get(bus=rt.bus, store=rt.store, run_id=request.run_id, version=request.version)
+        manifest = await versions.get(
+            bus=rt.bus, store=rt.store, run_id=request.run_id, version=request.version
+        )
         return CheckpointReply(manifest=manifest)
 
     await rt.bus.serve(subjects.CHECKPOINTS_COMMIT, on_commit, CommitRequest, queue=QUEUE)

@@ -36,7 +36,9 @@ async def apply_retention(*, store: ObjectStore, run_id: str, keep_last: int, fu
     if keep_last <= 0:
         return []
     keys = await store.list(weights_prefix(run_id))
-    retired = versions_to_retire(versions=parse_versions(keys=keys, run_id=run_id), keep_last=keep_last, full_every=full_every)
+    retired = versions_to_retire(
+        versions=parse_versions(keys=keys, run_id=run_id), keep_last=keep_last, full_every=full_every
+    )
     prefixes = tuple(version_prefix(run_id, v) for v in retired)
     for key in sorted(keys, key=lambda k: not k.endswith("manifest.msgpack")):  # manifests go first
         if key.startswith(prefixes):

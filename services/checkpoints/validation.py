@@ -40,9 +40,13 @@ def check_manifest(*, manifest: WeightsManifest, bucket: str) -> None:
             raise RequestError("bad_tensor", f"tensor name {entry.name!r} is empty or repeated")
         seen.add(entry.name)
         if not 0 <= entry.shard < len(manifest.shards):
-            raise RequestError("bad_tensor", f"tensor {entry.name} points at shard {entry.shard} of {len(manifest.shards)}")
+            raise RequestError(
+                "bad_tensor", f"tensor {entry.name} points at shard {entry.shard} of {len(manifest.shards)}"
+            )
         if any(d < 0 for d in entry.shape) or not entry.dtype:
-            raise RequestError("bad_tensor", f"tensor {entry.name} has shape {entry.shape} and dtype {entry.dtype!r}")
+            raise RequestError(
+                "bad_tensor", f"tensor {entry.name} has shape {entry.shape} and dtype {entry.dtype!r}"
+            )
         used.add(entry.shard)
     if unused := sorted(set(range(len(manifest.shards))) - used):
         raise RequestError("bad_shard", f"shards {unused} hold no tensor of the manifest")
@@ -50,4 +54,10 @@ def check_manifest(*, manifest: WeightsManifest, bucket: str) -> None:
 
 def same_weights(a: WeightsManifest, b: WeightsManifest) -> bool:
     """Two commits of one version are the same if everything but their creation time agrees."""
-    return (a.run_id, a.version, a.step, a.tensors, a.shards) == (b.run_id, b.version, b.step, b.tensors, b.shards)
+    return (a.run_id, a.version, a.step, a.tensors, a.shards) == (
+        b.run_id,
+        b.version,
+        b.step,
+        b.tensors,
+        b.shards,
+    )

@@ -46,7 +46,9 @@ async def commit(*, bus: Bus, store: ObjectStore, manifest: WeightsManifest, chu
     return ref
 
 
-async def _recommit(*, store: ObjectStore, manifest: WeightsManifest, key: str, latest: WeightsAnnounced) -> ObjectRef:
+async def _recommit(
+    *, store: ObjectStore, manifest: WeightsManifest, key: str, latest: WeightsAnnounced
+) -> ObjectRef:
     try:
         data = await store.get_bytes(store.uri(key))
     except ObjectNotFound:
@@ -58,8 +60,8 @@ async def _recommit(*, store: ObjectStore, manifest: WeightsManifest, key: str, 
     if stored is None or not same_weights(stored, manifest):
         raise RequestError(
             "bad_version",
-            f"run {manifest.run_id} has announced version {latest.version}; version {manifest.version} must be "
-            "newer, or an identical re-commit of a committed version",
+            f"run {manifest.run_id} has announced version {latest.version}; version {manifest.version} "
+            "must be newer, or an identical re-commit of a committed version",
         )
     return ObjectRef(uri=store.uri(key), sha256=hashlib.sha256(data).hexdigest(), size=len(data))
 
@@ -97,4 +99,6 @@ async def get(*, bus: Bus, store: ObjectStore, run_id: str, version: int | None)
     try:
         return await read_manifest(store=store, ref=store.uri(manifest_key(run_id, version)))
     except ObjectNotFound as exc:
-        raise RequestError("not_found", f"run {run_id} version {version} was never committed or was retired") from exc
+        raise RequestError(
+            "not_found", f"run {run_id} version {version} was never committed or was retired"
+        ) from exc

@@ -39,9 +39,13 @@ def check_archive(data: bytes, *, max_bytes: int, max_members: int) -> int:
                 if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
                     raise BadArchive(f"member {name!r} is a device or fifo")
                 if member.issym() and not _inside(posixpath.join(posixpath.dirname(name), member.linkname)):
-                    raise BadArchive(f"symlink {name!r} -> {member.linkname!r} points outside the archive root")
+                    raise BadArchive(
+                        f"symlink {name!r} -> {member.linkname!r} points outside the archive root"
+                    )
                 if member.islnk() and not _inside(member.linkname):
-                    raise BadArchive(f"hard link {name!r} -> {member.linkname!r} points outside the archive root")
+                    raise BadArchive(
+                        f"hard link {name!r} -> {member.linkname!r} points outside the archive root"
+                    )
                 total += member.size
                 if total > max_bytes:
                     raise BadArchive(f"unpacks to more than {max_bytes} bytes")

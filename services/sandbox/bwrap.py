@@ -9,7 +9,9 @@ pid namespace, so killing it kills every process a command started.
 
 from __future__ import annotations
 
+import functools
 import os
+import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -59,11 +61,25 @@ class Bind:
 def python_paths() -> list[Path]:
     """This interpreter's installation and virtualenv, so `python -m pytest` works inside."""
     found: list[Path] = []
-    for prefix in {sys.base_prefix, sys.prefix, os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))}:
+    for prefix in {
+        sys.base_prefix,
+        sys.prefix,
+        os.path.dirname(os.path.dirname(os.path.realpath(sys.executable))),
+    }:
         for path in {Path(prefix), Path(os.path.realpath(prefix))}:
             if not path.is_relative_to("/usr") and path not in found:
                 found.append(path)
     return sorted(found)
+
+
+@functools.cache
+def bwrap_supports(option: str) -> bool:
+    """Whether this bubblewrap knows `option` (--disable-userns needs 0.8 or later)."""
+    try:
+        out = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return option in out.stdout + out.stderr
 
 
 def write_etc(directory: Path) -> Path:
@@ -79,6 +95,8 @@ class Sandbox:
     limits: Limits
     etc_dir: Path
     ro_paths: Sequence[Path] = field(default_factory=python_paths)
+    disable_userns: bool = True
+    """Forbid new user namespaces inside (bubblewrap 0.8+)."""
 
     def path_env(self) -> str:
         venv_bin = [str(Path(sys.prefix) / "bin")] if sys.prefix != sys.base_prefix else []
@@ -110,7 +128,7 @@ class Sandbox:
             "bwrap",
             "--unshare-all",
             "--unshare-user",
-            "--disable-userns",
+            *(["--disable-userns"] if self.disable_userns else []),
             "--uid", str(UID),
             "--gid", str(GID),
             "--cap-drop", "ALL",

@@ -95,7 +95,9 @@ async def execute(
             env=env,
         )
     except OSError as exc:
-        return ToolResult(ok=False, error=f"cannot start {argv[0]}: {exc}", duration_s=time.monotonic() - started)
+        return ToolResult(
+            ok=False, error=f"cannot start {argv[0]}: {exc}", duration_s=time.monotonic() - started
+        )
     capture = Capture(output_cap, keep_tail=keep_tail)
     assert proc.stdout is not None
     reader = asyncio.create_task(capture.drain(proc.stdout))

@@ -12,7 +12,7 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from crucible.bus import RequestError
 from crucible.contracts.sandbox import ToolResult
@@ -27,19 +27,29 @@ GIT_ENV = {"GIT_DIR": GIT_DIR, "GIT_WORK_TREE": WORKSPACE}
 INTERNAL_TIMEOUT_S = 120.0
 UNTAR = ["tar", "-xzf", "-", "--no-same-owner", "-C", WORKSPACE]
 _COMMIT = "git -c user.name=crucible -c user.email=crucible@localhost commit -q --no-verify --allow-empty"
+_IGNORED = "'__pycache__/' '*.pyc' '.pytest_cache/'"
 BASELINE = (
-    "set -e; git init -q; printf '%s\\n' '__pycache__/' '*.pyc' '.pytest_cache/' > \"$GIT_DIR/info/exclude\"; "
+    f"set -e; git init -q; printf '%s\\n' {_IGNORED} > \"$GIT_DIR/info/exclude\"; "
     f"git add -A -f; {_COMMIT} -m snapshot"
 )
 DIFF = (
-    'git add -A >/tmp/git.log 2>&1 || { cat /tmp/git.log; exit 97; }; '
-    'git diff --cached --binary HEAD 2>/tmp/git.log || { cat /tmp/git.log; exit 98; }'
+    "git add -A >/tmp/git.log 2>&1 || { cat /tmp/git.log; exit 97; }; "
+    "git diff --cached --binary HEAD 2>/tmp/git.log || { cat /tmp/git.log; exit 98; }"
 )
 
 
 class Session:
-    def __init__(self, *, session_id: str, run_id: str, task_id: str, root: Path, ttl_s: float,
-                 settings: Settings, sandbox: Sandbox) -> None:  # fmt: skip
+    def __init__(
+        self,
+        *,
+        session_id: str,
+        run_id: str,
+        task_id: str,
+        root: Path,
+        ttl_s: float,
+        settings: Settings,
+        sandbox: Sandbox,
+    ) -> None:
         self.id = session_id
         self.run_id = run_id
         self.task_id = task_id
@@ -55,8 +65,11 @@ class Session:
         self._current: asyncio.Task | None = None
 
     @classmethod
-    async def create(cls, *, archive: bytes, **kwargs) -> Session:
-        """Unpack `archive` into a new workspace and commit it as the baseline; BadArchive if unusable."""
+    async def create(cls, *, archive: bytes, **kwargs: Any) -> Session:
+        """Unpack `archive` into a new workspace (kwargs as for `Session`) and commit it as the baseline.
+
+        Raises BadArchive if the archive is refused or does not unpack; nothing is left behind.
+        """
         session = cls(**kwargs)
         try:
             session.workspace.mkdir(parents=True)
@@ -70,11 +83,22 @@ class Session:
             raise
         return session
 
+    @property
+    def busy(self) -> bool:
+        return self._lock.locked()
+
     def touch(self) -> None:
         self.deadline = time.monotonic() + self.ttl_s
 
-    async def sandboxed(self, argv: Sequence[str], *, timeout_s: float = INTERNAL_TIMEOUT_S,
-                        output_cap: int | None = None, stdin: bytes | None = None, git: bool = False) -> ToolResult:  # fmt: skip
+    async def sandboxed(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout_s: float = INTERNAL_TIMEOUT_S,
+        output_cap: int | None = None,
+        stdin: bytes | None = None,
+        git: bool = False,
+    ) -> ToolResult:
         """Run `argv` inside the sandbox over this workspace; with git=True the baseline repo is mounted."""
         binds = [Bind(source=self.git_dir, dest=GIT_DIR, writable=True)] if git else []
         command = self.sandbox.argv(argv, workspace=self.workspace, binds=binds, env=GIT_ENV if git else {})
@@ -84,8 +108,9 @@ class Session:
     async def unpack(self, archive: bytes) -> ToolResult:
         """Lay a tar.gz over the workspace root; BadArchive if it is refused or does not unpack."""
         s = self.settings
-        await asyncio.to_thread(check_archive, archive, max_bytes=s.max_snapshot_bytes,
-                                max_members=s.max_snapshot_members)  # fmt: skip
+        await asyncio.to_thread(
+            check_archive, archive, max_bytes=s.max_snapshot_bytes, max_members=s.max_snapshot_members
+        )
         result = await self.sandboxed(UNTAR, stdin=archive)
         if not result.ok:
             raise BadArchive(f"cannot unpack: {result.error}: {result.output.strip()}")
@@ -118,7 +143,9 @@ class Session:
             except asyncio.CancelledError:
                 task = asyncio.current_task()
                 if self.closed and task is not None and not task.cancelling():
-                    raise RequestError("session_closed", f"session {self.id} was destroyed mid-call") from None
+                    raise RequestError(
+                        "session_closed", f"session {self.id} was destroyed mid-call"
+                    ) from None
                 raise
             finally:
                 self._current = None

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from crucible.settings import CommonSettings
 
@@ -43,3 +44,10 @@ class Settings(CommonSettings):
     open_files: int = Field(default=1024, ge=64)
     extra_ro_paths: list[Path] = Field(default_factory=list)
     """Host folders mounted read-only at the same path inside (besides the system and this Python)."""
+
+    @field_validator("replica")
+    @classmethod
+    def _replica_is_a_subject_token(cls, value: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9_-]+", value):
+            raise ValueError(f"{value!r}: a sandbox replica name is one NATS subject token ([A-Za-z0-9_-]+)")
+        return value

@@ -50,7 +50,8 @@ def collate(graded: list[GradedTrajectory], advantages: list[float]) -> Batch:
     shapes = [g.trajectory.routes_shape for g in graded]
     if all(shapes):
         L, k = shapes[0][1], shapes[0][2]
-        routes = torch.zeros(B, T, L, k, dtype=torch.long)
+        # Padding positions get distinct experts 0..k-1: a valid route whose output is masked out anyway.
+        routes = torch.arange(k, dtype=torch.long).expand(B, T, L, k).clone()
         for b, g in enumerate(graded):
             n = shapes[b][0]
             values = torch.tensor(unpack("u8", g.trajectory.routes), dtype=torch.long)

@@ -43,7 +43,7 @@ def train_step(
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     return {
-        "loss": float(stats.loss),
+        "loss": float(stats.loss.detach()),
         "grad_norm": float(grad_norm),
         "clip_fraction": stats.clip_fraction,
         "ratio_mean": stats.ratio_mean,

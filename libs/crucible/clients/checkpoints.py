@@ -10,16 +10,19 @@ uses this module's layout helpers without installing torch.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from crucible.bus import Bus, RemoteError
 from crucible.contracts import subjects
 from crucible.contracts.messages import (
     CheckpointReply,
     CheckpointRequest,
     CommitReply,
     CommitRequest,
+    ObjectRef,
     TensorEntry,
     WeightsManifest,
 )
@@ -28,14 +31,14 @@ from crucible.objectstore import IntegrityError
 if TYPE_CHECKING:
     import torch
 
-    from crucible.bus import Bus
     from crucible.objectstore import ObjectStore
 
 DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 
 
 class WeightsError(RuntimeError):
-    """Loaded weights do not match their manifest (corrupt shard, missing or reshaped tensor)."""
+    """Weights do not match their manifest (corrupt shard, missing or reshaped tensor), or a version
+    is published again with other weights than the ones committed."""
 
 
 def weights_prefix(run_id: str) -> str:
@@ -85,18 +88,30 @@ async def publish_weights(
     shard_bytes: int = DEFAULT_SHARD_BYTES,
     timeout: float = 120.0,
 ) -> WeightsManifest:
-    """Upload `state_dict` as safetensors shards and commit it as `version`; safe to retry."""
+    """Upload `state_dict` as safetensors shards and commit it as `version`.
+
+    Safe to retry: shards serialize to the same bytes every time, and a version that is already
+    committed is never overwritten (different weights for it raise WeightsError before any upload).
+    """
     from safetensors.torch import save
 
     if not state_dict:
         raise ValueError("state_dict is empty")
+    committed = await _committed(bus=bus, run_id=run_id, version=version)
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
     sizes = {name: t.numel() * t.element_size() for name, t in tensors.items()}
     entries: list[TensorEntry] = []
-    shards = []
+    shards: list[ObjectRef] = []
     for index, names in enumerate(plan_shards(sizes=sizes, shard_bytes=shard_bytes)):
-        data = save({name: tensors[name] for name in names}, metadata={"run_id": run_id, "version": str(version)})
-        shards.append(await store.put_bytes(shard_key(run_id, version, index), data))
+        data = save(
+            {name: tensors[name] for name in names}, metadata={"run_id": run_id, "version": str(version)}
+        )
+        if committed is None:
+            shards.append(await store.put_bytes(shard_key(run_id, version, index), data))
+        elif index < len(committed.shards) and _matches(committed.shards[index], data):
+            shards.append(committed.shards[index])
+        else:
+            raise WeightsError(f"run {run_id} version {version} is already committed with other weights")
         entries += [
             TensorEntry(name=n, shape=list(tensors[n].shape), dtype=dtype_name(tensors[n].dtype), shard=index)
             for n in names
@@ -104,11 +119,28 @@ async def publish_weights(
     manifest = WeightsManifest(
         run_id=run_id, version=version, step=step, created_at=time.time(), tensors=entries, shards=shards
     )
-    await bus.request(subjects.CHECKPOINTS_COMMIT, CommitRequest(manifest=manifest), CommitReply, timeout=timeout)
+    await bus.request(
+        subjects.CHECKPOINTS_COMMIT, CommitRequest(manifest=manifest), CommitReply, timeout=timeout
+    )
     return manifest
 
 
-async def get_manifest(*, bus: Bus, run_id: str, version: int | None = None, timeout: float = 10.0) -> WeightsManifest:
+async def _committed(*, bus: Bus, run_id: str, version: int) -> WeightsManifest | None:
+    try:
+        return await get_manifest(bus=bus, run_id=run_id, version=version)
+    except RemoteError as exc:
+        if exc.code == "not_found":
+            return None
+        raise
+
+
+def _matches(ref: ObjectRef, data: bytes) -> bool:
+    return ref.size == len(data) and ref.sha256 == hashlib.sha256(data).hexdigest()
+
+
+async def get_manifest(
+    *, bus: Bus, run_id: str, version: int | None = None, timeout: float = 10.0
+) -> WeightsManifest:
     """The manifest of `version`, or of the latest announced version when None."""
     request = CheckpointRequest(run_id=run_id, version=version)
     reply = await bus.request(subjects.CHECKPOINTS_GET, request, CheckpointReply, timeout=timeout)

@@ -11,7 +11,7 @@ DATABASE_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")
 
 
 class MigrationError(RuntimeError):
-    """`python -m crucible.db.migrate` failed; the message carries its output."""
+    """`python -m crucible.db.migrate upgrade` failed; the message carries its output."""
 
 
 def check_database_url(database_url: str) -> str:
@@ -29,7 +29,7 @@ def run_migrations(*, database_url: str, env: Mapping[str, str] | None = None, t
     child_env = {**os.environ, **(env or {}), "CRUCIBLE_DATABASE_URL": database_url}
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "crucible.db.migrate"],
+            [sys.executable, "-m", "crucible.db.migrate", "upgrade"],
             env=child_env,
             stdin=subprocess.DEVNULL,
             capture_output=True,

@@ -1,7 +1,7 @@
 """Grouped-query self-attention with rotary positions and an optional KV cache.
 
-Projections run at the model's precision; the attention core (scores, softmax, weighted sum) runs in
-fp32.
+Projections run at the model's precision (queries, keys and values as one fused `wqkv` weight, rows
+in that order); the attention core (scores, softmax, weighted sum) runs in fp32.
 """
 
 from __future__ import annotations
@@ -20,20 +20,17 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.wq = Linear(cfg.dim, cfg.n_heads * cfg.head_dim)
-        self.wk = Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim)
-        self.wv = Linear(cfg.dim, cfg.n_kv_heads * cfg.head_dim)
+        self.wqkv = Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim)
         self.wo = Linear(cfg.n_heads * cfg.head_dim, cfg.dim)
 
     def forward(
-        self, x_BTD: torch.Tensor, cos_Th: torch.Tensor, sin_Th: torch.Tensor, cache: KVCache | None
+        self, x_BTD: torch.Tensor, cos_Td: torch.Tensor, sin_Td: torch.Tensor, cache: KVCache | None
     ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
-        q = self.wq(x_BTD).view(B, T, self.n_heads, self.head_dim)
-        k = self.wk(x_BTD).view(B, T, self.n_kv_heads, self.head_dim)
-        v = self.wv(x_BTD).view(B, T, self.n_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, cos_Th, sin_Th), apply_rotary(k, cos_Th, sin_Th)
-        q, k, v = (t.transpose(1, 2).float() for t in (q, k, v))
+        qkv = self.wqkv(x_BTD).view(B, T, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
+        qk, v = qkv.split([self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=2)
+        q, k = apply_rotary(qk, cos_Td, sin_Td).transpose(1, 2).split([self.n_heads, self.n_kv_heads], dim=1)
+        v = v.transpose(1, 2).float()
         start = 0
         if cache is not None:
             start = cache.length

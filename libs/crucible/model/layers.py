@@ -56,14 +56,19 @@ class FeedForward(nn.Module):
 
 
 def rotary_tables(*, head_dim: int, max_seq_len: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [max_seq_len, head_dim // 2] in fp32, computed in fp64."""
+    """cos and signed sin [max_seq_len, head_dim] in fp32 (computed in fp64) for `apply_rotary`.
+
+    Feature i is paired with feature i + head_dim/2; both halves use the same angles, and the sin
+    table carries the minus sign of the first half so rotation is two products and a sum.
+    """
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
     angles = torch.outer(torch.arange(max_seq_len, dtype=torch.float64), inv_freq)
-    return angles.cos().float(), angles.sin().float()
+    cos, sin = angles.cos(), angles.sin()
+    return torch.cat([cos, cos], dim=-1).float(), torch.cat([-sin, sin], dim=-1).float()
 
 
-def apply_rotary(x_BTHd: torch.Tensor, cos_Th: torch.Tensor, sin_Th: torch.Tensor) -> torch.Tensor:
-    """Rotate the two halves of each head's features by position-dependent angles."""
-    x1, x2 = x_BTHd.chunk(2, dim=-1)
-    cos, sin = cos_Th[None, :, None, :], sin_Th[None, :, None, :]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+def apply_rotary(x_BTHd: torch.Tensor, cos_Td: torch.Tensor, sin_Td: torch.Tensor) -> torch.Tensor:
+    """Rotate each (x[i], x[i + d/2]) pair of every head by its position's angle; returns fp32."""
+    half = x_BTHd.shape[-1] // 2
+    swapped = torch.cat([x_BTHd[..., half:], x_BTHd[..., :half]], dim=-1)
+    return x_BTHd * cos_Td[:, None, :] + swapped * sin_Td[:, None, :]

@@ -1,20 +1,19 @@
 """Dense and grouped (per-expert) matmuls at a chosen precision.
 
-Master weights and activations between layers are fp32. "bf16" casts both operands to bf16 for the
-product and returns fp32; "mxfp8" runs the emulated MX GEMMs (forward and both backward GEMMs);
-"fp32" is the plain product, for tests and references.
+Master weights, norms and the residual stream are fp32. "bf16" casts both operands to bf16 and returns
+the bf16 product, as a bf16 GEMM would (the next fp32 op promotes it); "mxfp8" runs the emulated MX
+GEMMs (forward and both backward GEMMs) and returns fp32; "fp32" is the plain product, for tests and
+references.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from torch.utils.weak import WeakIdKeyDictionary
 
 from crucible.model.config import PRECISIONS
 from crucible.model.mx_gemm import mx_grouped_mm, mx_linear
-
 
 _BF16_COPIES = WeakIdKeyDictionary()
 
@@ -39,18 +38,18 @@ def check_precision(precision: str) -> str:
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, *, precision: str) -> torch.Tensor:
-    """x[..., in] @ w[out, in].T, returned in fp32."""
+    """x[..., in] @ w[out, in].T."""
     if precision == "fp32":
         return F.linear(x, w)
     if precision == "bf16":
-        return F.linear(x.to(torch.bfloat16), to_bf16(w)).float()
+        return F.linear(x.to(torch.bfloat16), to_bf16(w))
     if precision == "mxfp8":
         return mx_linear(x, w)
     raise ValueError(f"unknown precision {precision!r}")
 
 
 def grouped_linear(x_MK: torch.Tensor, w_ENK: torch.Tensor, counts: list[int], *, precision: str) -> torch.Tensor:
-    """Rows of x grouped by expert (`counts[e]` rows for expert e), each group times w[e].T, in fp32."""
+    """Rows of x grouped by expert (`counts[e]` rows for expert e), each group times w[e].T."""
     if len(counts) != w_ENK.shape[0] or sum(counts) != x_MK.shape[0]:
         raise ValueError(f"counts {counts} do not match {x_MK.shape[0]} rows and {w_ENK.shape[0]} experts")
     if precision == "mxfp8":
@@ -61,5 +60,5 @@ def grouped_linear(x_MK: torch.Tensor, w_ENK: torch.Tensor, counts: list[int], *
         raise ValueError(f"unknown precision {precision!r}")
     out = [F.linear(g, w_ENK[e]) for e, g in enumerate(x_MK.split(counts)) if counts[e]]
     if not out:
-        return x_MK.new_zeros(0, w_ENK.shape[1], dtype=torch.float32)
-    return torch.cat(out).float()
+        return x_MK.new_zeros(0, w_ENK.shape[1])
+    return torch.cat(out)

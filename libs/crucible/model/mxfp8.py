@@ -91,7 +91,7 @@ def dequantize_mxfp8(
     d = data.movedim(dim, -1).to(torch.float32)
     s_bits = scales.movedim(dim, -1).view(torch.uint8).to(torch.int32)
     s = torch.where(s_bits == E8M0_NAN, torch.nan, pow2(s_bits.clamp(max=254) - E8M0_BIAS))
-    out = d.reshape(*d.shape[:-1], -1, block_size) * s.unsqueeze(-1)
+    out = d.reshape(*d.shape[:-1], d.shape[-1] // block_size, block_size) * s.unsqueeze(-1)
     return out.reshape(d.shape).movedim(-1, dim)
 
 

@@ -121,7 +121,10 @@ class Transformer(nn.Module):
     def _check_tokens(self, tokens_BT: torch.Tensor, cache: KVCache | None) -> None:
         if tokens_BT.dim() != 2 or tokens_BT.dtype not in (torch.int64, torch.int32):
             raise ValueError(f"tokens must be an int64 [batch, time] tensor, got {tokens_BT.dtype} {tuple(tokens_BT.shape)}")
-        if tokens_BT.numel() and (tokens_BT.min() < 0 or tokens_BT.max() >= self.cfg.vocab_size):
+        if tokens_BT.numel() == 0:
+            raise ValueError("tokens must not be empty")
+        lo, hi = torch.aminmax(tokens_BT)
+        if int(lo) < 0 or int(hi) >= self.cfg.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size})")
         B, T = tokens_BT.shape
         end = T if cache is None else cache.length + T

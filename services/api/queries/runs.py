@@ -7,7 +7,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.db.models import Checkpoint, Run, Step
 from services.api.pagination import paginate
-from services.api.queries import NotFound, require_run
+from services.api.queries.common import NotFound, require_run
 from services.api.schemas import CheckpointOut, MetricPoint, MetricsOut, Page, RunOut, StepOut
 
 

@@ -15,7 +15,7 @@ from crucible.contracts.messages import GradedTrajectory
 from crucible.db.models import StepTrajectory, Trajectory
 from services.api import transcript
 from services.api.pagination import paginate
-from services.api.queries import NotFound, require_run
+from services.api.queries.common import NotFound, require_run
 from services.api.schemas import Page, RewardOut, TrajectoryDetail, TrajectorySummary
 
 
@@ -30,19 +30,13 @@ class TrajectoryFilter:
 
 
 def _with_training(stmt: Select[Any]) -> Select[Any]:
-    """Add how often, and first when, each trajectory was trained on (from the step links)."""
-    trained = (
-        select(
-            StepTrajectory.trajectory_id,
-            func.sum(StepTrajectory.uses).label("trained_count"),
-            func.min(StepTrajectory.step).label("trained_step"),
-        )
-        .group_by(StepTrajectory.trajectory_id)
-        .subquery()
+    """Add how often, and first when, each trajectory was trained on (counted from the step links)."""
+    links = select(StepTrajectory).where(
+        StepTrajectory.trajectory_id == Trajectory.trajectory_id, StepTrajectory.run_id == Trajectory.run_id
     )
-    return stmt.add_columns(
-        func.coalesce(trained.c.trained_count, 0), trained.c.trained_step
-    ).outerjoin(trained, trained.c.trajectory_id == Trajectory.trajectory_id)
+    count = links.with_only_columns(func.coalesce(func.sum(StepTrajectory.uses), 0)).scalar_subquery()
+    first = links.with_only_columns(func.min(StepTrajectory.step)).scalar_subquery()
+    return stmt.add_columns(count, first)
 
 
 def _summary(row: Any) -> dict[str, Any]:

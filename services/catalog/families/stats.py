@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from random import Random
 
-from services.catalog.families.base import Family, Mutation, Probe, Unit, call
+from services.catalog.families.base import Family, Mutation, Unit, call
 
 
 def _numbers(rng: Random, *, low: int = 1, high: int = 9) -> list[int]:
@@ -167,7 +167,7 @@ NORMALIZE = Unit(
     key="normalize",
     layer=1,
     names=("normalize", "rescale", "min_max_scale"),
-    summary="rescale values linearly onto 0..1; constant data maps to all zeros",
+    summary="values rescaled linearly onto 0..1; constant data maps to all zeros",
     calls=("spread",),
     source='''
 def $normalize(values):
@@ -259,5 +259,3 @@ STATS = Family(
     topics=("stats", "report", "metrics"),
     units=(MEAN, MEDIAN, SPREAD, PERCENTILE, STDEV, IQR, NORMALIZE, ZSCORES, SUMMARIZE, OUTLIERS),
 )
-
-__all__ = ["STATS", "Probe"]

@@ -42,14 +42,20 @@ class Tool:
 
     def schema(self) -> dict[str, Any]:
         """A function-calling description: name, description and JSON schema of the arguments."""
-        return {"name": self.name, "description": self.description, "parameters": msgspec.json.schema(self.args)}
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": msgspec.json.schema(self.args),
+        }
 
 
 TOOLS: dict[str, Tool] = {}
 _NAMES: dict[str, Tool] = {}
 
 
-def tool(*, name: str, args: type[Args], description: str, aliases: tuple[str, ...] = ()) -> Callable[[Impl], Impl]:
+def tool(
+    *, name: str, args: type[Args], description: str, aliases: tuple[str, ...] = ()
+) -> Callable[[Impl], Impl]:
     def register(impl: Impl) -> Impl:
         entry = Tool(name=name, description=description, args=args, impl=impl, aliases=aliases)
         for key in (name, *aliases):

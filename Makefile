@@ -1,0 +1,55 @@
+# Crucible developer entry points. Every target creates or reuses the virtual environment in .venv;
+# the test fixtures start NATS, S3 and Redis themselves when none answer on their usual ports.
+#   make test                     the whole suite (PYTEST_ARGS="-m 'not slow'" narrows it)
+#   make demo                     every service locally plus a short training run
+#   make up                       the local stack in the foreground until Ctrl-C
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.crucible-installed
+TORCH_VERSION := 2.13.0
+PYTEST_ARGS ?=
+SYSTEM_TOOLS := bwrap:bubblewrap rg:ripgrep git:git
+
+.PHONY: venv system-packages test demo up clean distclean
+
+venv: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first, pinned, so that resolving the extras never pulls a different (multi-GB) build.
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install "torch==$(TORCH_VERSION)"
+	$(PY) -m pip install -e '.[dev]'
+	touch $@
+
+system-packages:
+	@missing=""; \
+	for entry in $(SYSTEM_TOOLS); do \
+	  command -v "$${entry%%:*}" >/dev/null || missing="$$missing $${entry#*:}"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$missing; \
+	else \
+	  echo "warning: sandbox tests need these packages:$$missing (e.g. sudo apt-get install$$missing)"; \
+	fi
+
+test: venv system-packages
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: venv system-packages
+	$(VENV)/bin/crucible demo
+
+up: venv system-packages
+	$(VENV)/bin/crucible up
+
+clean:
+	rm -rf .pytest_cache .crucible build dist
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV)

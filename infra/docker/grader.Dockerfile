@@ -1,0 +1,18 @@
+# Crucible grader service: rewards from hidden tests run in a fresh sandbox.
+# Build from the repository root: docker build -f infra/docker/grader.Dockerfile .
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin crucible
+COPY pyproject.toml README.md ./
+COPY libs ./libs
+COPY services ./services
+RUN pip install ".[grader]"
+
+USER crucible
+EXPOSE 8080
+CMD ["python", "-m", "services.grader"]

@@ -1,0 +1,153 @@
+"""`crucible demo`: start the local stack, run a short training run, show live progress, summarise."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+DEMO_CONFIG: dict[str, Any] = {
+    "taskset": "pybugs",
+    "difficulties": [1, 2],
+    "model_preset": "tiny",
+    "precision": "bf16",
+    "group_size": 4,
+    "groups_per_step": 2,
+    "max_steps": 6,
+    "publish_every": 2,
+    "max_staleness": 2,
+    "max_turns": 3,
+}
+
+
+def demo(
+    steps: Annotated[int, typer.Option(help="Optimizer steps of the demo run.")] = 6,
+    precision: Annotated[str, typer.Option(help="bf16 or mxfp8.")] = "bf16",
+    seed: Annotated[int, typer.Option(help="Seed of the run (model init, task sampling).")] = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="Print only a machine-readable summary.")] = False,
+    timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 900.0,
+    keep_running: Annotated[bool, typer.Option(help="Keep the stack up after the run, until Ctrl-C.")] = False,
+) -> None:
+    """Start every service locally and train a tiny policy for a few steps."""
+    import httpx
+
+    from crucible.localstack import LocalStack
+
+    console = Console(stderr=as_json, quiet=as_json)
+    config = {**DEMO_CONFIG, "max_steps": steps, "precision": precision, "seed": seed}
+    started = time.monotonic()
+    with console.status("starting NATS, S3, Redis, the database and seven services…"):
+        stack = LocalStack(api_port=0).start()
+    try:
+        client = httpx.Client(base_url=stack.api_url, timeout=30)
+        response = client.post("/v1/runs", json={"name": "demo", "config": config})
+        if response.status_code != 201:
+            console.print(f"[red]could not create the run: {response.status_code} {response.text}[/red]")
+            raise typer.Exit(1)
+        run_id = response.json()["run_id"]
+        console.print(f"run [bold]{run_id}[/bold] created; API at {stack.api_url}")
+        progress = _follow(client=client, stack=stack, run_id=run_id, console=console, timeout=timeout)
+        summary = _summary(client=client, run_id=run_id, api_url=stack.api_url, elapsed=time.monotonic() - started)
+        summary["progress_ok"] = progress
+        if as_json:
+            print(json.dumps(summary, indent=2))
+        else:
+            _print_summary(console, summary)
+        if keep_running:
+            console.print("stack is up; Ctrl-C stops it")
+            try:
+                while True:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+        if summary["status"] != "finished":
+            raise typer.Exit(1)
+    finally:
+        with console.status("stopping the stack…"):
+            stack.stop()
+
+
+def _pages(client, path: str, **params) -> list[dict[str, Any]]:
+    items, cursor = [], None
+    while True:
+        query = {"limit": 200, **params, **({"cursor": cursor} if cursor else {})}
+        page = client.get(path, params=query).raise_for_status().json()
+        items.extend(page["items"])
+        cursor = page["next_cursor"]
+        if not cursor:
+            return items
+
+
+def _follow(*, client, stack, run_id: str, console: Console, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    t0 = time.monotonic()
+    with Live(console=console, refresh_per_second=2) as live:
+        while time.monotonic() < deadline:
+            dead = stack.poll()
+            if dead:
+                console.print(f"[red]service(s) exited: {dead}[/red]")
+                return False
+            run = client.get(f"/v1/runs/{run_id}").json()
+            steps = _pages(client, f"/v1/runs/{run_id}/steps")
+            trajectories = _pages(client, f"/v1/runs/{run_id}/trajectories")
+            checkpoints = _pages(client, f"/v1/runs/{run_id}/checkpoints")
+            live.update(_table(run, steps, trajectories, checkpoints, time.monotonic() - t0))
+            if run["status"] in ("finished", "failed", "cancelled"):
+                return run["status"] == "finished"
+            time.sleep(1.0)
+    console.print("[red]timed out[/red]")
+    return False
+
+
+def _table(run, steps, trajectories, checkpoints, elapsed: float) -> Table:
+    last = steps[-1]["metrics"] if steps else {}
+    table = Table(title=f"run {run['run_id']} — {run['status']}", show_header=False)
+    table.add_row("step", f"{len(steps)} / {run['config']['max_steps']}")
+    table.add_row("weight versions published", str(len(checkpoints)))
+    table.add_row("trajectories graded", str(len(trajectories)))
+    table.add_row("reward (last step mean)", f"{last.get('reward_mean', 0.0):.3f}")
+    table.add_row("staleness (last step mean)", f"{last.get('staleness_mean', 0.0):.2f}")
+    table.add_row("throughput", f"{60 * len(trajectories) / max(elapsed, 1e-6):.1f} trajectories/min")
+    return table
+
+
+def _summary(*, client, run_id: str, api_url: str, elapsed: float) -> dict[str, Any]:
+    run = client.get(f"/v1/runs/{run_id}").json()
+    steps = _pages(client, f"/v1/runs/{run_id}/steps")
+    trajectories = _pages(client, f"/v1/runs/{run_id}/trajectories")
+    checkpoints = _pages(client, f"/v1/runs/{run_id}/checkpoints")
+    versions_used = sorted({v for t in trajectories for v in range(t["version_min"], t["version_max"] + 1)})
+    rewards = [s["metrics"].get("reward_mean", 0.0) for s in steps]
+    return {
+        "run_id": run_id,
+        "api_url": api_url,
+        "status": run["status"],
+        "steps": len(steps),
+        "trajectories_graded": len(trajectories),
+        "trajectories_trained": sum(1 for t in trajectories if t["trained_count"] > 0),
+        "graded_more_than_once": sum(1 for t in trajectories if t["graded_count"] > 1),
+        "trained_more_than_once": sum(1 for t in trajectories if t["trained_count"] > 1),
+        "tool_calls": sum(t["num_tool_calls"] for t in trajectories),
+        "weight_versions_published": [c["version"] for c in checkpoints],
+        "weight_versions_used_by_rollouts": versions_used,
+        "reward_first_step": rewards[0] if rewards else None,
+        "reward_last_step": rewards[-1] if rewards else None,
+        "wall_seconds": round(elapsed, 1),
+        "trajectories_per_minute": round(60 * len(trajectories) / max(elapsed, 1e-6), 2),
+    }
+
+
+def _print_summary(console: Console, summary: dict[str, Any]) -> None:
+    table = Table(title="demo summary", show_header=False)
+    for key, value in summary.items():
+        table.add_row(key.replace("_", " "), str(value))
+    console.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(demo)

@@ -1,0 +1,78 @@
+"""`crucible runs list` and `crucible runs show ID`: run history from the REST API."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+runs_app = typer.Typer(help="Query run history over the REST API.", no_args_is_help=True)
+
+ApiOption = Annotated[
+    str,
+    typer.Option("--api", help="Base URL of the Crucible API (env CRUCIBLE_API_URL).", envvar="CRUCIBLE_API_URL"),
+]
+DEFAULT_API = os.environ.get("CRUCIBLE_API_URL", "http://127.0.0.1:8000")
+
+
+def _get(api: str, path: str, **params: Any) -> Any:
+    import httpx
+
+    try:
+        response = httpx.get(f"{api.rstrip('/')}{path}", params=params, timeout=10)
+    except httpx.HTTPError as exc:
+        Console(stderr=True).print(f"[red]cannot reach the API at {api}: {exc}[/red]")
+        raise typer.Exit(2) from None
+    if response.status_code == 404:
+        Console(stderr=True).print(f"[red]{response.json().get('detail', 'not found')}[/red]")
+        raise typer.Exit(1)
+    response.raise_for_status()
+    return response.json()
+
+
+@runs_app.command("list")
+def list_runs(
+    api: ApiOption = DEFAULT_API,
+    limit: Annotated[int, typer.Option(min=1, max=500)] = 20,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """The newest runs."""
+    page = _get(api, "/v1/runs", limit=limit)
+    if as_json:
+        print(json.dumps(page["items"], indent=2))
+        return
+    table = Table("run", "name", "status", "created", "finished")
+    for run in page["items"]:
+        table.add_row(run["run_id"], run["name"], run["status"], run["created_at"], run["finished_at"] or "")
+    Console().print(table)
+
+
+@runs_app.command("show")
+def show_run(run_id: str, api: ApiOption = DEFAULT_API, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """One run: its config, steps and checkpoints."""
+    run = _get(api, f"/v1/runs/{run_id}")
+    steps = _get(api, f"/v1/runs/{run_id}/steps", limit=500)["items"]
+    checkpoints = _get(api, f"/v1/runs/{run_id}/checkpoints", limit=500)["items"]
+    if as_json:
+        print(json.dumps({"run": run, "steps": steps, "checkpoints": checkpoints}, indent=2))
+        return
+    console = Console()
+    console.print(f"[bold]{run['run_id']}[/bold] {run['name']} — {run['status']}")
+    console.print(json.dumps(run["config"]))
+    table = Table("step", "version", "loss", "reward", "staleness", "trajectories")
+    for s in steps:
+        m = s["metrics"]
+        table.add_row(
+            str(s["step"]), str(s["version"]), f"{m.get('loss', 0):.4f}", f"{m.get('reward_mean', 0):.3f}",
+            f"{m.get('staleness_mean', 0):.2f}", str(len(s["trajectory_ids"])),
+        )
+    console.print(table)
+    console.print("checkpoints: " + ", ".join(f"v{c['version']} (step {c['step']})" for c in checkpoints))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(runs_app, name="runs")

@@ -1,0 +1,140 @@
+"""Client of the sandbox service: create a session, call its tools, export its diff, destroy it.
+
+    async with await SandboxClient(bus).create(run_id=..., task_id=..., snapshot=ref) as box:
+        result = await box.tool("read_file", path="setup.py")
+        diff = await box.diff()
+
+Errors from the service raise `crucible.bus.RemoteError` with a code (`unknown_session`, `busy`,
+`bad_snapshot`, ...); a failed tool call is not an error but a `ToolResult` with ok=False.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from types import TracebackType
+
+from crucible.bus import Bus, BusError
+from crucible.contracts import subjects
+from crucible.contracts.messages import ObjectRef
+from crucible.contracts.sandbox import (
+    VERB_APPLY,
+    VERB_DESTROY,
+    VERB_DIFF,
+    VERB_OVERLAY,
+    VERB_RUN,
+    VERB_TOOL,
+    ApplyRequest,
+    CreateReply,
+    CreateRequest,
+    DestroyReply,
+    DestroyRequest,
+    DiffReply,
+    DiffRequest,
+    OverlayRequest,
+    RunRequest,
+    ToolReply,
+    ToolRequest,
+    ToolResult,
+)
+
+REPLY_MARGIN_S = 15.0
+
+
+class SandboxSession:
+    """One session on the replica that holds it. Calls on one session run one at a time."""
+
+    def __init__(self, bus: Bus, *, session_id: str, replica: str, call_timeout_s: float) -> None:
+        self.bus = bus
+        self.session_id = session_id
+        self.replica = replica
+        self.call_timeout_s = call_timeout_s
+
+    def _subject(self, verb: str) -> str:
+        return subjects.sandbox_call(self.replica, verb)
+
+    def _deadline(self, command_timeout_s: float | None) -> float:
+        return max(self.call_timeout_s, (command_timeout_s or 0.0) + REPLY_MARGIN_S)
+
+    async def tool(self, name: str, /, **arguments: object) -> ToolResult:
+        request = ToolRequest(session_id=self.session_id, name=name, arguments=arguments)
+        timeout_s = arguments.get("timeout_s")
+        deadline = self._deadline(float(timeout_s) if isinstance(timeout_s, int | float) else None)
+        reply = await self.bus.request(self._subject(VERB_TOOL), request, ToolReply, timeout=deadline)
+        return reply.result
+
+    async def diff(self) -> str:
+        request = DiffRequest(session_id=self.session_id)
+        reply = await self.bus.request(
+            self._subject(VERB_DIFF), request, DiffReply, timeout=self.call_timeout_s
+        )
+        return reply.diff
+
+    async def apply_patch(self, patch: str) -> ToolResult:
+        request = ApplyRequest(session_id=self.session_id, patch=patch)
+        reply = await self.bus.request(
+            self._subject(VERB_APPLY), request, ToolReply, timeout=self.call_timeout_s
+        )
+        return reply.result
+
+    async def run(
+        self, command: str | Sequence[str], *, timeout_s: float, output_cap: int | None = None
+    ) -> ToolResult:
+        """Run a shell command (str) or an argv (sequence) in the sandbox."""
+        shell = isinstance(command, str)
+        request = RunRequest(
+            session_id=self.session_id,
+            command=command if shell else None,
+            argv=None if shell else list(command),
+            timeout_s=timeout_s,
+            output_cap=output_cap,
+        )
+        reply = await self.bus.request(
+            self._subject(VERB_RUN), request, ToolReply, timeout=self._deadline(timeout_s)
+        )
+        return reply.result
+
+    async def overlay(self, archive: ObjectRef) -> ToolResult:
+        """Lay a tar.gz from the object store over the workspace root."""
+        request = OverlayRequest(session_id=self.session_id, archive=archive)
+        reply = await self.bus.request(
+            self._subject(VERB_OVERLAY), request, ToolReply, timeout=self.call_timeout_s
+        )
+        return reply.result
+
+    async def destroy(self) -> bool:
+        """Destroy the session; False if it was already gone."""
+        request = DestroyRequest(session_id=self.session_id)
+        reply = await self.bus.request(
+            self._subject(VERB_DESTROY), request, DestroyReply, timeout=self.call_timeout_s
+        )
+        return reply.destroyed
+
+    async def __aenter__(self) -> SandboxSession:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            await self.destroy()
+        except BusError:
+            if exc is None:
+                raise  # otherwise the session expires on its own; keep the original error
+
+
+class SandboxClient:
+    def __init__(self, bus: Bus, *, create_timeout_s: float = 120.0, call_timeout_s: float = 120.0) -> None:
+        self.bus = bus
+        self.create_timeout_s = create_timeout_s
+        self.call_timeout_s = call_timeout_s
+
+    async def create(
+        self, *, run_id: str, task_id: str, snapshot: ObjectRef, ttl_s: float = 600.0
+    ) -> SandboxSession:
+        request = CreateRequest(run_id=run_id, task_id=task_id, snapshot=snapshot, ttl_s=ttl_s)
+        reply = await self.bus.request(
+            subjects.SANDBOX_CREATE, request, CreateReply, timeout=self.create_timeout_s
+        )
+        return SandboxSession(
+            self.bus, session_id=reply.session_id, replica=reply.replica, call_timeout_s=self.call_timeout_s
+        )

@@ -1,0 +1,98 @@
+"""The api service: the REST app (`create_app`) and its wiring into the service runtime (`setup`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+import crucible
+from crucible.bus import Bus
+from crucible.db import make_engine, make_sessionmaker
+from crucible.db.migrate import check_schema
+from crucible.runtime import Runtime
+from services.api.commands import Unavailable
+from services.api.ingest import run_ingest
+from services.api.pagination import InvalidCursor
+from services.api.queries import NotFound
+from services.api.routes import health, runs, trajectories
+from services.api.settings import Settings
+
+
+def _error(status: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
+    async def handler(_request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(status_code=status, content={"detail": str(exc)})
+
+    return handler
+
+
+def create_app(
+    *, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], bus: Bus | None = None
+) -> FastAPI:
+    app = FastAPI(
+        title="Crucible API",
+        version=crucible.__version__,
+        description="Run history of Crucible: runs, steps, metrics, trajectories and checkpoints.",
+    )
+    app.state.settings = settings
+    app.state.sessionmaker = sessionmaker
+    app.state.bus = bus
+    app.add_exception_handler(NotFound, _error(404))
+    app.add_exception_handler(InvalidCursor, _error(400))
+    app.add_exception_handler(Unavailable, _error(503))
+    for module in (health, runs, trajectories):
+        app.include_router(module.router)
+    return app
+
+
+class _Server(uvicorn.Server):
+    """uvicorn inside the service runtime, which owns the signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve(server: _Server, stopping: asyncio.Event) -> None:
+    serving = asyncio.ensure_future(server.serve())
+    stop = asyncio.ensure_future(stopping.wait())
+    await asyncio.wait([serving, stop], return_when=asyncio.FIRST_COMPLETED)
+    server.should_exit = True
+    stop.cancel()
+    await serving
+
+
+async def setup(rt: Runtime) -> None:
+    settings: Settings = rt.settings  # type: ignore[assignment]
+    engine = make_engine(settings.database_url)
+    rt.on_close(engine.dispose)
+    await check_schema(engine)
+    sessionmaker = make_sessionmaker(engine)
+    rt.spawn(
+        run_ingest(
+            bus=rt.bus,
+            sessionmaker=sessionmaker,
+            stop=rt.stopping,
+            batch=settings.ingest_batch,
+            max_deliver=settings.ingest_max_deliver,
+        ),
+        name="ingest",
+    )
+    app = create_app(settings=settings, sessionmaker=sessionmaker, bus=rt.bus)
+    config = uvicorn.Config(
+        app, host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="off", access_log=False
+    )
+    server = _Server(config)
+    task = rt.spawn(_serve(server, rt.stopping), name="rest")
+    while not server.started:
+        if task.done():
+            raise RuntimeError(f"REST API could not start on {settings.api_host}:{settings.api_port}")
+        await asyncio.sleep(0.01)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    base = f"http://{settings.api_host}:{port}"
+    rt.log.info("REST API listening", url=f"{base}/v1", docs=f"{base}/docs")

@@ -1,0 +1,85 @@
+"""The api's stream consumers: GRADED and EVENTS into the run history tables.
+
+Durable pull consumers, so a restarted or second replica continues where the last ack left off. A
+message that cannot be decoded, or whose content is invalid, ends on the dead-letter stream with the
+reason (the bus does that); one about an unknown run is logged and acknowledged. While the database is
+unreachable a message is held (its ack deadline extended) and retried, never dead-lettered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import structlog
+from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from crucible.bus import Bus, Delivery, Handler
+from crucible.contracts import subjects
+from crucible.contracts.messages import Event, GradedTrajectory, Message
+from services.api.records import apply_event, record_graded
+
+log = structlog.get_logger("crucible.api")
+UNREACHABLE = (OperationalError, InterfaceError, OSError)
+
+
+async def _until_stored(work: Callable[[], Awaitable[object]], delivery: Delivery, stop: asyncio.Event) -> None:
+    delay = 0.5
+    while True:
+        try:
+            await work()
+            return
+        except UNREACHABLE as exc:
+            if stop.is_set():
+                raise
+            log.warning("database unavailable; holding the message", error=str(exc), retry_in_s=delay)
+            await delivery.in_progress()
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 10.0)
+
+
+async def run_ingest(
+    *,
+    bus: Bus,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    stop: asyncio.Event,
+    batch: int = 32,
+    max_deliver: int = 5,
+    graded_durable: str = subjects.API_GRADED_DURABLE,
+    events_durable: str = subjects.API_EVENTS_DURABLE,
+    deliver_new: bool = False,
+) -> None:
+    """Consume GRADED and EVENTS until `stop` is set."""
+
+    async def on_graded(graded: GradedTrajectory, delivery: Delivery) -> None:
+        async def work() -> None:
+            async with sessionmaker() as session:
+                await record_graded(session=session, graded=graded)
+
+        await _until_stored(work, delivery, stop)
+
+    async def on_event(event: Event, delivery: Delivery) -> None:
+        async def work() -> None:
+            async with sessionmaker() as session:
+                await apply_event(session=session, event=event)
+
+        await _until_stored(work, delivery, stop)
+
+    def consume(stream: str, durable: str, handler: Handler, message_type: type[Message]) -> Awaitable[None]:
+        return bus.consume(
+            stream=stream,
+            durable=durable,
+            filter_subject=subjects.STREAMS[stream][0],
+            handler=handler,
+            message_type=message_type,
+            stop=stop,
+            batch=batch,
+            max_deliver=max_deliver,
+            deliver_new=deliver_new,
+        )
+
+    await asyncio.gather(
+        consume(subjects.GRADED, graded_durable, on_graded, GradedTrajectory),
+        consume(subjects.EVENTS, events_durable, on_event, Event),
+    )

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from services.api import queries
+from services.api.commands import create_run
+from services.api.deps import BusDep, CursorQuery, LimitQuery, SessionDep
+from services.api.schemas import CheckpointOut, MetricsOut, Page, RunCreate, RunOut, StepOut
+
+router = APIRouter(prefix="/v1/runs", tags=["runs"])
+NOT_FOUND = {404: {"description": "No run with this id."}}
+
+
+@router.post("", status_code=201, responses={503: {"description": "The bus is unavailable."}})
+async def post_run(body: RunCreate, session: SessionDep, bus: BusDep) -> RunOut:
+    """Create a run and announce it to the trainer."""
+    return await create_run(session=session, bus=bus, name=body.name, config=body.config)
+
+
+@router.get("")
+async def get_runs(
+    session: SessionDep,
+    limit: LimitQuery = 50,
+    cursor: CursorQuery = None,
+    status: Literal["created", "running", "finished", "failed"] | None = None,
+) -> Page[RunOut]:
+    """Runs, newest first."""
+    return await queries.list_runs(session=session, limit=limit, cursor=cursor, status=status)
+
+
+@router.get("/{run_id}", responses=NOT_FOUND)
+async def get_run(run_id: str, session: SessionDep) -> RunOut:
+    return await queries.get_run(session=session, run_id=run_id)
+
+
+@router.get("/{run_id}/steps", responses=NOT_FOUND)
+async def get_steps(
+    run_id: str, session: SessionDep, limit: LimitQuery = 100, cursor: CursorQuery = None
+) -> Page[StepOut]:
+    """Optimizer steps in order, with their metrics and the trajectories each trained on."""
+    return await queries.list_steps(session=session, run_id=run_id, limit=limit, cursor=cursor)
+
+
+@router.get("/{run_id}/metrics", responses=NOT_FOUND)
+async def get_metrics(
+    run_id: str,
+    session: SessionDep,
+    name: Annotated[list[str] | None, Query(description="Only these metrics (repeatable).")] = None,
+) -> MetricsOut:
+    """Every numeric step metric (loss, reward_mean, staleness_mean, ...) as a series over steps."""
+    return await queries.metric_series(session=session, run_id=run_id, names=name)
+
+
+@router.get("/{run_id}/checkpoints", responses=NOT_FOUND)
+async def get_checkpoints(
+    run_id: str, session: SessionDep, limit: LimitQuery = 100, cursor: CursorQuery = None
+) -> Page[CheckpointOut]:
+    """Published weight versions, oldest first."""
+    return await queries.list_checkpoints(session=session, run_id=run_id, limit=limit, cursor=cursor)

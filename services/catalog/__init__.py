@@ -1,0 +1,1 @@
+"""The catalog service: generated task sets, verified before they are served, sampled over the bus."""

@@ -1,0 +1,82 @@
+"""Catalog service: publish the built-in task set at start, then answer `catalog.sample` and `catalog.get`."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from random import Random
+from typing import TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from crucible.bus import RequestError
+from crucible.contracts import subjects
+from crucible.contracts.messages import Message, SampleReply, SampleRequest, TaskReply, TaskRequest
+from crucible.db import make_engine, make_sessionmaker
+from crucible.db.migrate import check_schema
+from crucible.runtime import Runtime
+from services.catalog.index import get_task, sample_tasks
+from services.catalog.metrics import REJECTED, REQUESTS, TASKS
+from services.catalog.publish import publish_taskset
+from services.catalog.settings import Settings
+
+Q = TypeVar("Q", bound=Message)
+QUEUE = "catalog"
+
+
+async def setup(rt: Runtime) -> None:
+    settings: Settings = rt.settings  # type: ignore[assignment]
+    engine = make_engine(settings.database_url)
+    rt.on_close(engine.dispose)
+    await check_schema(engine)
+    sessionmaker = make_sessionmaker(engine)
+
+    def rejected(result) -> None:  # noqa: ANN001
+        REJECTED.labels(settings.taskset).inc()
+        rt.log.warning("task failed verification; not served", task_id=result.task_id, reason=result.reason)
+
+    report = await publish_taskset(
+        name=settings.taskset,
+        seed=settings.taskset_seed,
+        per_difficulty=settings.tasks_per_difficulty,
+        difficulties=tuple(settings.difficulties),
+        store=rt.store,
+        sessionmaker=sessionmaker,
+        workers=settings.verify_workers,
+        timeout=settings.verify_timeout_s,
+        on_rejected=rejected,
+    )
+    TASKS.labels(settings.taskset).set(report.reused + report.published)
+    rt.log.info(
+        "task set ready", taskset=report.taskset, generated=report.generated, reused=report.reused,
+        published=report.published, removed=report.removed, rejected=len(report.rejected),
+    )
+
+    async def sample(request: SampleRequest) -> SampleReply:
+        if request.count > settings.max_sample:
+            raise RequestError("bad_request", f"count {request.count} is over the limit of {settings.max_sample}")
+        async with sessionmaker() as session:
+            tasks = await sample_tasks(
+                session=session, taskset=request.taskset, count=request.count,
+                difficulties=request.difficulties, rng=Random(request.seed),
+            )
+        return SampleReply(tasks=tasks)
+
+    async def get(request: TaskRequest) -> TaskReply:
+        async with sessionmaker() as session:
+            return await get_task(session=session, task_id=request.task_id, include_secret=request.include_secret)
+
+    await rt.bus.serve(subjects.CATALOG_SAMPLE, _counted("sample", sample), SampleRequest, queue=QUEUE)
+    await rt.bus.serve(subjects.CATALOG_GET, _counted("get", get), TaskRequest, queue=QUEUE)
+
+
+def _counted(verb: str, handler: Callable[[Q], Awaitable[Message]]) -> Callable[[Q], Awaitable[Message]]:
+    async def counted(request: Q) -> Message:
+        try:
+            reply = await handler(request)
+        except RequestError as exc:
+            REQUESTS.labels(verb, exc.code).inc()
+            raise
+        REQUESTS.labels(verb, "ok").inc()
+        return reply
+
+    return counted

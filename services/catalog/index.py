@@ -1,0 +1,95 @@
+"""The catalog's task index in the database: upserts, sampling and look-ups."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from random import Random
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from crucible.bus import RequestError
+from crucible.contracts.messages import ObjectRef, TaskReply, TaskSecret, TaskSpec
+from crucible.db.models import Task
+
+_UPSERT_BATCH = 200
+ROW_FIELDS = ("taskset", "difficulty", "family", "statement", "snapshot", "hidden_tests", "test_command", "reference_patch")
+
+
+async def stored_rows(*, session: AsyncSession, taskset: str) -> dict[str, dict[str, Any]]:
+    """task_id -> the row's fields (ROW_FIELDS) for every task of the set."""
+    rows = (await session.scalars(select(Task).where(Task.taskset == taskset))).all()
+    return {row.task_id: {name: getattr(row, name) for name in ROW_FIELDS} for row in rows}
+
+
+async def upsert_tasks(*, session: AsyncSession, rows: Sequence[dict[str, Any]]) -> None:
+    """Insert tasks, or overwrite them in place; concurrent replicas writing the same rows is harmless."""
+    if not rows:
+        return
+    dialect = session.get_bind().dialect.name
+    insert = {"postgresql": postgresql.insert, "sqlite": sqlite.insert}.get(dialect)
+    if insert is None:
+        raise NotImplementedError(f"the catalog index does not support {dialect}")
+    for start in range(0, len(rows), _UPSERT_BATCH):
+        statement = insert(Task).values(list(rows[start : start + _UPSERT_BATCH]))
+        statement = statement.on_conflict_do_update(
+            index_elements=[Task.task_id], set_={name: statement.excluded[name] for name in ROW_FIELDS}
+        )
+        await session.execute(statement)
+
+
+async def delete_tasks_except(*, session: AsyncSession, taskset: str, keep: set[str]) -> int:
+    result = await session.execute(delete(Task).where(Task.taskset == taskset, Task.task_id.not_in(keep)))
+    return result.rowcount
+
+
+async def sample_tasks(
+    *, session: AsyncSession, taskset: str, count: int, difficulties: Sequence[int] | None, rng: Random
+) -> list[TaskSpec]:
+    """`count` tasks drawn at random: without repeats while the selection lasts, then round after round."""
+    if count < 1:
+        raise RequestError("bad_request", f"count must be at least 1, got {count}")
+    if difficulties is not None and not difficulties:
+        raise RequestError("bad_request", "difficulties must be omitted or list at least one level")
+    found = (await session.execute(select(Task.task_id, Task.difficulty).where(Task.taskset == taskset))).all()
+    if not found:
+        raise RequestError("unknown_taskset", f"no task set named {taskset!r}")
+    pool = sorted(task_id for task_id, level in found if difficulties is None or level in difficulties)
+    if not pool:
+        levels = sorted({level for _, level in found})
+        raise RequestError("empty_selection", f"task set {taskset!r} has no task at difficulties {list(difficulties or [])}; it has {levels}")
+    chosen: list[str] = []
+    while len(chosen) < count:
+        chosen += rng.sample(pool, k=min(len(pool), count - len(chosen)))
+    rows = (await session.scalars(select(Task).where(Task.task_id.in_(set(chosen))))).all()
+    by_id = {row.task_id: row for row in rows}
+    return [task_spec(by_id[task_id]) for task_id in chosen]
+
+
+async def get_task(*, session: AsyncSession, task_id: str, include_secret: bool) -> TaskReply:
+    row = await session.get(Task, task_id)
+    if row is None:
+        raise RequestError("not_found", f"no task {task_id!r}")
+    secret = task_secret(row) if include_secret else None
+    return TaskReply(task=task_spec(row), secret=secret)
+
+
+def task_spec(row: Task) -> TaskSpec:
+    return TaskSpec(
+        task_id=row.task_id,
+        taskset=row.taskset,
+        difficulty=row.difficulty,
+        statement=row.statement,
+        snapshot=ObjectRef(**row.snapshot),
+    )
+
+
+def task_secret(row: Task) -> TaskSecret:
+    return TaskSecret(
+        task_id=row.task_id,
+        hidden_tests=ObjectRef(**row.hidden_tests),
+        test_command=list(row.test_command),
+        reference_patch=row.reference_patch,
+    )

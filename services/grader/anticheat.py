@@ -1,0 +1,80 @@
+"""Anti-cheat: a diff may change the code under test, never the tests or how pytest runs them.
+
+Paths are read with a unified-diff parser and taken as `git apply` takes them (the first path
+component, `a/` or `b/`, stripped). Both sides of a rename or copy count: moving a test file away is
+touching it.
+"""
+
+from __future__ import annotations
+
+import ast
+import fnmatch
+import posixpath
+
+from unidiff import PatchSet
+from unidiff.errors import UnidiffParseError
+
+TEST_DIRS = frozenset({"tests", "test"})
+TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "conftest.py")
+PYTEST_CONFIG = frozenset({"pytest.ini", ".pytest.ini", "setup.cfg", "pyproject.toml", "tox.ini"})
+STARTUP_HOOKS = frozenset({"sitecustomize.py", "usercustomize.py"})
+"""Run by the interpreter before any test; as good as a conftest.py."""
+
+
+class BadDiff(ValueError):
+    """The diff cannot be read as a unified diff."""
+
+
+def _unquote(path: str) -> str:
+    """git writes unusual names C-quoted: "b/t\\303\\251st.py"."""
+    if len(path) >= 2 and path[0] == path[-1] == '"':
+        try:
+            raw = ast.literal_eval("b" + path)
+        except (ValueError, SyntaxError) as exc:
+            raise BadDiff(f"unreadable quoted path {path}") from exc
+        return raw.decode("utf-8", errors="replace")
+    return path
+
+
+def _strip_prefix(path: str) -> str | None:
+    path = _unquote(path.strip())
+    if path == "/dev/null":
+        return None
+    parts = path.split("/", 1)
+    return posixpath.normpath(parts[-1])
+
+
+def touched_paths(diff: str) -> list[str]:
+    """Every path, before and after, that applying `diff` would create, change, move or delete."""
+    if not diff.strip():
+        return []
+    try:
+        patch = PatchSet(diff)
+    except UnidiffParseError as exc:
+        raise BadDiff(str(exc)) from exc
+    if not len(patch):
+        raise BadDiff("no file changes found in a non-empty diff")
+    paths: set[str] = set()
+    for file in patch:
+        for name in (file.source_file, file.target_file):
+            if name and (path := _strip_prefix(name)) is not None:
+                paths.add(path)
+    return sorted(paths)
+
+
+def is_protected(path: str) -> bool:
+    """True for test files, test folders, pytest configuration and interpreter start-up hooks."""
+    parts = path.split("/")
+    name = parts[-1]
+    return (
+        any(part in TEST_DIRS for part in parts)
+        or any(fnmatch.fnmatchcase(name, pattern) for pattern in TEST_FILE_PATTERNS)
+        or name in PYTEST_CONFIG
+        or name in STARTUP_HOOKS
+        or name.endswith(".pth")
+    )
+
+
+def protected_paths(diff: str) -> list[str]:
+    """The paths of `diff` a fair solution must not touch (BadDiff if it does not parse)."""
+    return [path for path in touched_paths(diff) if is_protected(path)]

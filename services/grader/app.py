@@ -1,0 +1,36 @@
+"""Wiring of the grader: `concurrency` pull loops sharing one durable consumer of the ROLLOUTS queue."""
+
+from __future__ import annotations
+
+from crucible.bus import Delivery
+from crucible.contracts import subjects
+from crucible.contracts.messages import Trajectory
+from crucible.runtime import Runtime
+from services.grader.settings import Settings
+from services.grader.worker import handle_trajectory
+
+FILTER = subjects.STREAMS[subjects.ROLLOUTS][0]  # every run's trajectories
+
+
+async def setup(rt: Runtime) -> None:
+    settings = rt.settings
+    assert isinstance(settings, Settings)
+
+    async def on_trajectory(trajectory: Trajectory, delivery: Delivery) -> None:
+        await handle_trajectory(
+            trajectory=trajectory, delivery=delivery, bus=rt.bus, redis=rt.redis, settings=settings
+        )
+
+    for index in range(settings.concurrency):
+        consume = rt.bus.consume(
+            stream=subjects.ROLLOUTS,
+            durable=subjects.GRADER_DURABLE,
+            filter_subject=FILTER,
+            handler=on_trajectory,
+            message_type=Trajectory,
+            stop=rt.stopping,
+            ack_wait=settings.ack_wait_s,
+            max_deliver=settings.max_deliver,
+        )
+        rt.spawn(consume, name=f"grader-consumer-{index}")
+    rt.log.info("grading", concurrency=settings.concurrency, test_timeout_s=settings.test_timeout_s)

@@ -1,0 +1,44 @@
+"""The sandbox service: isolated workspaces and the agent's tools, over the bus.
+
+`sandbox.create` is served by the queue group of all replicas; a session then lives on the replica
+that created it, which serves its calls on `sandbox.<replica>.<verb>`.
+"""
+
+from __future__ import annotations
+
+import nats.errors
+
+from crucible.contracts import subjects
+from crucible.contracts.sandbox import CreateRequest
+from crucible.runtime import Runtime
+from services.sandbox.handlers import Handlers
+from services.sandbox.manager import SessionManager
+from services.sandbox.metrics import SESSIONS
+from services.sandbox.settings import Settings
+
+QUEUE = "sandbox"
+
+
+async def setup(rt: Runtime) -> None:
+    settings = rt.settings
+    assert isinstance(settings, Settings)
+    manager = SessionManager(settings=settings, fetch=rt.store.get_bytes)
+    await manager.check()
+    SESSIONS.set_function(lambda: len(manager.sessions))
+    handlers = Handlers(manager=manager)
+    subscriptions = [await rt.bus.serve(subjects.SANDBOX_CREATE, handlers.create, CreateRequest, queue=QUEUE)]
+    for verb, (handler, request_type) in handlers.routes().items():
+        subject = subjects.sandbox_call(settings.replica, verb)
+        subscriptions.append(await rt.bus.serve(subject, handler, request_type))
+    rt.spawn(manager.reap_loop(rt.stopping), name="sandbox-reaper")
+
+    async def close() -> None:
+        for subscription in subscriptions:
+            try:
+                await subscription.unsubscribe()
+            except (nats.errors.ConnectionClosedError, nats.errors.BadSubscriptionError):
+                pass
+        await manager.close()
+
+    rt.on_close(close)
+    rt.log.info("sandbox serving", replica=settings.replica, max_sessions=settings.max_sessions)

@@ -1,0 +1,104 @@
+"""Bus handlers: one per verb, each a thin translation from a request to the session manager."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from crucible.bus import RequestError
+from crucible.contracts import sandbox
+from crucible.contracts.messages import Message
+from crucible.contracts.sandbox import (
+    ApplyRequest,
+    CreateReply,
+    CreateRequest,
+    DestroyReply,
+    DestroyRequest,
+    DiffReply,
+    DiffRequest,
+    OverlayRequest,
+    RunRequest,
+    ToolReply,
+    ToolRequest,
+    ToolResult,
+)
+from services.sandbox.archive import BadArchive
+from services.sandbox.manager import SessionManager
+from services.sandbox.metrics import CALL_SECONDS, CALLS
+from services.sandbox.tools import call_tool, lookup
+
+Route = tuple[Callable[[Any], Awaitable[Message]], type[Message]]
+
+
+def _counted(verb: str, result: ToolResult, *, tool: str = "") -> ToolReply:
+    CALLS.labels(verb=verb, tool=tool, ok=str(result.ok).lower()).inc()
+    CALL_SECONDS.labels(verb=verb).observe(result.duration_s)
+    return ToolReply(result=result)
+
+
+class Handlers:
+    def __init__(self, *, manager: SessionManager) -> None:
+        self.manager = manager
+        self.settings = manager.settings
+
+    def routes(self) -> dict[str, Route]:
+        """Per-session verbs, served on sandbox.<replica>.<verb>."""
+        return {
+            sandbox.VERB_TOOL: (self.tool, ToolRequest),
+            sandbox.VERB_DIFF: (self.diff, DiffRequest),
+            sandbox.VERB_APPLY: (self.apply, ApplyRequest),
+            sandbox.VERB_RUN: (self.run, RunRequest),
+            sandbox.VERB_OVERLAY: (self.overlay, OverlayRequest),
+            sandbox.VERB_DESTROY: (self.destroy, DestroyRequest),
+        }
+
+    async def create(self, req: CreateRequest) -> CreateReply:
+        session = await self.manager.create(
+            run_id=req.run_id, task_id=req.task_id, snapshot=req.snapshot, ttl_s=req.ttl_s
+        )
+        return CreateReply(session_id=session.id, replica=self.settings.replica)
+
+    async def tool(self, req: ToolRequest) -> ToolReply:
+        session = self.manager.get(req.session_id)
+        result = await session.exclusive(lambda: call_tool(session, req.name, req.arguments))
+        known = lookup(req.name)
+        return _counted("tool", result, tool=known.name if known else "unknown")
+
+    async def diff(self, req: DiffRequest) -> DiffReply:
+        session = self.manager.get(req.session_id)
+        started = time.monotonic()
+        diff = await session.exclusive(session.diff)
+        CALL_SECONDS.labels(verb="diff").observe(time.monotonic() - started)
+        return DiffReply(diff=diff)
+
+    async def apply(self, req: ApplyRequest) -> ToolReply:
+        session = self.manager.get(req.session_id)
+        return _counted("apply", await session.exclusive(lambda: session.apply_patch(req.patch)))
+
+    async def run(self, req: RunRequest) -> ToolReply:
+        session = self.manager.get(req.session_id)
+        if (req.argv is None) == (req.command is None):
+            raise RequestError("bad_request", "give exactly one of argv and command")
+        argv = req.argv if req.argv is not None else ["bash", "-lc", req.command or ""]
+        if not argv or not argv[0]:
+            raise RequestError("bad_request", "empty command")
+        s = self.settings
+        timeout = min(req.timeout_s or s.run_timeout_s, s.max_run_timeout_s)
+        cap = min(req.output_cap or s.output_cap_bytes, s.max_output_cap_bytes)
+        if timeout <= 0 or cap <= 0:
+            raise RequestError("bad_request", "timeout_s and output_cap must be positive")
+        result = await session.exclusive(lambda: session.sandboxed(argv, timeout_s=timeout, output_cap=cap))
+        return _counted("run", result)
+
+    async def overlay(self, req: OverlayRequest) -> ToolReply:
+        session = self.manager.get(req.session_id)
+        try:
+            archive = await self.manager.fetch_archive(req.archive)
+            result = await session.exclusive(lambda: session.unpack(archive))
+        except BadArchive as exc:
+            result = ToolResult(ok=False, error=f"{req.archive.uri}: {exc}")
+        return _counted("overlay", result)
+
+    async def destroy(self, req: DestroyRequest) -> DestroyReply:
+        return DestroyReply(destroyed=await self.manager.destroy(req.session_id))

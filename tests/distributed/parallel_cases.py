@@ -1,0 +1,102 @@
+"""Rank functions for the distributed tests: each compares a parallel training step with a single-process
+reference computed on the same rank (the whole global batch through the plain model)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from crucible.model import ModelConfig, Transformer, build_model
+from crucible.parallel.data import full_grads, full_state_dict
+from crucible.parallel.mesh import ParallelConfig, build_mesh
+from crucible.parallel.train import OptimizerConfig, build_optimizer, clip_grad_norm_, parallel_train_step, parallelize
+
+CFG = ModelConfig(
+    vocab_size=64, dim=16, n_layers=3, n_heads=2, n_kv_heads=1, max_seq_len=16, ffn_dim=16,
+    num_experts=8, top_k=2, expert_dim=8, shared_expert_dim=8, first_moe_layer=1,
+)
+OPT = OptimizerConfig(lr=1e-3, eps=1e-5, weight_decay=0.1, max_grad_norm=0.5)
+BATCH_PER_RANK, SEQ = 2, 8
+UNUSED_EXPERTS = (6, 7)  # never chosen in the first MoE layer: whole expert ranks get no rows
+
+
+def global_batch(world: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tokens [W*B, T] and routes [W*B, T, 2, k]: layer 0 replays a skewed routing, layer 1 routes freely."""
+    g = torch.Generator().manual_seed(seed)
+    B = world * BATCH_PER_RANK
+    tokens = torch.randint(0, CFG.vocab_size, (B, SEQ), generator=g)
+    probs = torch.tensor([8.0, 4.0, 2.0, 1.0, 1.0, 1.0, 0.0, 0.0])
+    first = torch.multinomial(probs.expand(B * SEQ, -1), CFG.top_k, replacement=False, generator=g)
+    routes = torch.full((B, SEQ, len(CFG.moe_layers), CFG.top_k), -1, dtype=torch.long)
+    routes[:, :, 0] = first.view(B, SEQ, CFG.top_k)
+    return tokens, routes
+
+
+def lm_loss(model: Transformer, tokens: torch.Tensor, routes: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens, routes=routes).logits
+    return F.cross_entropy(logits[:, :-1].reshape(-1, CFG.vocab_size), tokens[:, 1:].reshape(-1))
+
+
+def reference_step(*, precision: str, world: int, max_grad_norm: float) -> dict:
+    """Loss, clipped gradients and parameters after one step of the plain model on the global batch."""
+    tokens, routes = global_batch(world)
+    model = build_model(CFG, precision=precision, seed=0)
+    opt = torch.optim.AdamW(model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay)
+    loss = lm_loss(model, tokens, routes)
+    loss.backward()
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm) if max_grad_norm else None
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    opt.step()
+    return {"loss": float(loss), "grad_norm": float(norm) if norm is not None else None, "grads": grads,
+            "params": {n: t.clone() for n, t in model.state_dict().items()}}
+
+
+def _local_batch(world: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    tokens, routes = global_batch(world)
+    rows = slice(rank * BATCH_PER_RANK, (rank + 1) * BATCH_PER_RANK)
+    return tokens[rows], routes[rows]
+
+
+def _max_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], names=None) -> float:
+    names = names if names is not None else b.keys()
+    return max(float((a[n].float() - b[n].float()).abs().max()) for n in names)
+
+
+def _is_expert(name: str) -> bool:
+    return ".experts." in name
+
+
+def parallel_step(shape: tuple[int, int, int], *, precision: str, max_grad_norm: float, naive_expert_grads: bool = False):
+    replicate, shard, expert = shape
+    mesh = build_mesh(ParallelConfig(replicate=replicate, shard=shard, expert=expert))
+    model = parallelize(build_model(CFG, precision=precision, seed=0), mesh=mesh)
+    if naive_expert_grads:
+        for moe in model.moe_layers:
+            moe.experts.set_gradient_divide_factor(float(mesh.expert_data.size()))
+    opt = build_optimizer(model, config=OPT)
+    tokens, routes = _local_batch(dist.get_world_size(), dist.get_rank())
+    rows = torch.tensor([0])
+    stats = parallel_train_step(model=model, optimizer=opt, loss_fn=lambda m: lm_loss(m, tokens, routes),
+                                max_grad_norm=max_grad_norm)
+    return stats, full_grads(model), full_state_dict(model)
+
+
+def compare_shapes(shapes: list[tuple[int, int, int]], precision: str) -> list[dict]:
+    """For each shape: errors of loss, grad norm, gradients and parameters against the reference."""
+    world = dist.get_world_size()
+    ref = reference_step(precision=precision, world=world, max_grad_norm=OPT.max_grad_norm)
+    report = []
+    for shape in shapes:
+        stats, grads, params = parallel_step(shape, precision=precision, max_grad_norm=OPT.max_grad_norm)
+        report.append({
+            "shape": shape,
+            "loss": abs(stats["loss"] - ref["loss"]),
+            "grad_norm": abs(stats["grad_norm"] - ref["grad_norm"]),
+            "grads": _max_err(grads, ref["grads"]),
+            "expert_grads": _max_err(grads, ref["grads"], [n for n in ref["grads"] if _is_expert(n)]),
+            "params": _max_err(params, ref["params"]),
+            "grad_scale": max(float(ref["grads"][n].abs().max()) for n in ref["grads"]),
+            "update_scale": max(float((ref["params"][n] - p).abs().max()) for n, p in build_model(CFG, precision=precision, seed=0).state_dict().items()),
+        })
+    return report

@@ -1,0 +1,143 @@
+"""Ingestion over a real NATS JetStream server: the api's consumers fill the tables REST reads."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from httpx import ASGITransport, AsyncClient
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from crucible.bus import Bus
+from crucible.contracts import encode, subjects
+from crucible.contracts.messages import DeadLetter, Event, GradedTrajectory, RunCreated
+from services.api.app import create_app
+from services.api.ingest import run_ingest
+from services.api.settings import Settings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(params=["sqlite"])
+def migrated_template(request: pytest.FixtureRequest, sqlite_template: Path) -> tuple[str, str]:
+    """The bus path is the same for both databases; SQLite keeps this test quick."""
+    return "sqlite", str(sqlite_template)
+
+
+@pytest.fixture
+async def bus() -> AsyncIterator[Bus]:
+    bus = await Bus.connect(Settings(), name="api-test")
+    await bus.ensure_streams()
+    yield bus
+    await bus.close()
+
+
+@pytest.fixture
+async def ingesting(bus: Bus, sessionmaker: async_sessionmaker[AsyncSession]) -> AsyncIterator[None]:
+    """run_ingest on private durables that start at the stream's end, so other tests' messages stay out."""
+    stop = asyncio.Event()
+    suffix = uuid.uuid4().hex[:8]
+    durables = {"graded_durable": f"api-graded-test-{suffix}", "events_durable": f"api-events-test-{suffix}"}
+    task = asyncio.create_task(
+        run_ingest(bus=bus, sessionmaker=sessionmaker, stop=stop, max_deliver=2, deliver_new=True, **durables)
+    )
+    for stream, durable in ((subjects.GRADED, durables["graded_durable"]), (subjects.EVENTS, durables["events_durable"])):
+        await eventually(lambda s=stream, d=durable: bus.js.consumer_info(s, d), timeout=10)
+    yield
+    stop.set()
+    await asyncio.wait_for(task, timeout=10)
+    for stream, durable in ((subjects.GRADED, durables["graded_durable"]), (subjects.EVENTS, durables["events_durable"])):
+        await bus.js.delete_consumer(stream, durable)
+
+
+async def eventually(probe: Callable[[], Any], *, timeout: float = 15.0) -> Any:
+    """Retry `probe` (sync or async) until it returns something truthy without raising."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        try:
+            result = probe()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return result
+        except Exception:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.1)
+
+
+async def collect(bus: Bus, subject: str, type_: type) -> list:
+    received: list = []
+
+    async def on_message(message: Any) -> None:
+        received.append(message)
+
+    await bus.watch(subject, type_, on_message)
+    return received
+
+
+async def test_history_arrives_over_the_bus_and_bad_messages_are_dead_lettered(
+    bus: Bus,
+    ingesting: None,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    make_graded: Callable[..., GradedTrajectory],
+) -> None:
+    announced = await collect(bus, subjects.RUNS_CREATED_ALL, RunCreated)
+    dead = await collect(bus, subjects.dead_letter(subjects.EVENTS), DeadLetter)
+    app = create_app(settings=Settings(), sessionmaker=sessionmaker, bus=bus)
+    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api") as client:
+        created = await client.post("/v1/runs", json={"name": "bus", "config": {"seed": 5}})
+        assert created.status_code == 201, created.text
+        run_id = created.json()["run_id"]
+        run = await eventually(lambda: next((m for m in announced if m.run_id == run_id), None))
+        assert run.config.seed == 5 and run.name == "bus"
+
+        async def emit(kind: str, **data: Any) -> None:
+            await bus.publish(subjects.events(run_id, kind), Event(run_id=run_id, kind=kind, ts=1.0, data=data))
+
+        await emit("run.status", status="running")
+        first = make_graded(run_id, "t-a", reward=1.0)
+        for message, msg_id in ((first, "t-a"), (first, "t-a"), (first, None), (make_graded(run_id, "t-b"), "t-b")):
+            await bus.publish(subjects.graded(run_id), message, msg_id=msg_id)
+        await emit("step", step=1, version=0, loss=0.25, trajectory_ids=["t-a", "t-b"])
+        await emit("checkpoint", version=1, step=1, manifest_uri="s3://crucible/m.json", num_tensors=3, size_bytes=9)
+
+        async def trajectories() -> list[dict]:
+            items = (await client.get(f"/v1/runs/{run_id}/trajectories")).json()["items"]
+            return items if {i["trajectory_id"] for i in items} == {"t-a", "t-b"} and all(
+                i["trained_count"] for i in items) else []
+
+        items = await eventually(trajectories)
+        assert all(i["graded_count"] == 1 and i["trained_count"] == 1 for i in items), items
+        checkpoints = await eventually(lambda: _items(client, f"/v1/runs/{run_id}/checkpoints"))
+        assert checkpoints[0]["manifest_uri"] == "s3://crucible/m.json"
+
+        garbage = b"\xc1 not msgpack " + uuid.uuid4().bytes
+        await bus.js.publish(subjects.events(run_id, "step"), garbage)
+        await emit("step", version=0)  # decodes, but the content is invalid
+        await emit("run.status", status="finished")
+
+        def ours() -> list[DeadLetter] | None:
+            letters = [d for d in dead if d.payload == garbage or run_id.encode() in d.payload]
+            return letters if len(letters) >= 2 else None
+
+        reasons = [d.reason for d in await eventually(ours)]
+        assert any("not a valid Event" in r for r in reasons) and any("bad 'step' event" in r for r in reasons)
+        finished = await eventually(lambda: _finished(client, run_id))
+        assert finished["finished_at"] is not None
+
+
+async def _items(client: AsyncClient, path: str) -> list[dict]:
+    return (await client.get(path)).json()["items"]
+
+
+async def _finished(client: AsyncClient, run_id: str) -> dict | None:
+    run = (await client.get(f"/v1/runs/{run_id}")).json()
+    return run if run["status"] == "finished" else None

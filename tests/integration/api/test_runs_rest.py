@@ -1,0 +1,107 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import msgspec
+import pytest
+from httpx import AsyncClient
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from crucible.contracts.messages import RunConfig
+from crucible.db.models import Run
+
+pytestmark = pytest.mark.integration
+
+
+async def test_create_run_records_it_with_the_validated_config(client: AsyncClient) -> None:
+    response = await client.post("/v1/runs", json={"name": " demo ", "config": {"seed": 7, "precision": "mxfp8"}})
+    assert response.status_code == 201, response.text
+    run = response.json()
+    assert run["run_id"].startswith("run-") and run["name"] == "demo" and run["status"] == "created"
+    assert run["config"] == msgspec.to_builtins(RunConfig(seed=7, precision="mxfp8"))
+    fetched = await client.get(f"/v1/runs/{run['run_id']}")
+    assert fetched.status_code == 200 and fetched.json() == run
+
+
+@pytest.mark.parametrize(
+    ("body", "loc", "message"),
+    [
+        ({"name": "n", "config": {"bogus": 1}}, ["body", "config", "bogus"], "Extra inputs are not permitted"),
+        ({"name": "n", "config": {"group_size": 0}}, ["body", "config", "group_size"], "greater than or equal to 1"),
+        ({"name": "n", "config": {"model_preset": "huge"}}, ["body", "config", "model_preset"], "unknown model preset"),
+        ({"config": {}}, ["body", "name"], "Field required"),
+        ({"name": "n", "extra": True}, ["body", "extra"], "Extra inputs are not permitted"),
+    ],
+)
+async def test_bad_run_bodies_get_422_naming_the_field(
+    client: AsyncClient, body: dict, loc: list[str], message: str
+) -> None:
+    response = await client.post("/v1/runs", json=body)
+    assert response.status_code == 422
+    errors = response.json()["detail"]
+    assert any(e["loc"] == loc and message in e["msg"] for e in errors), errors
+    assert (await client.get("/v1/runs")).json()["items"] == []
+
+
+async def test_malformed_json_is_422(client: AsyncClient) -> None:
+    response = await client.post("/v1/runs", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 422 and response.json()["detail"][0]["type"] == "json_invalid"
+
+
+@pytest.mark.parametrize("suffix", ["", "/steps", "/metrics", "/checkpoints", "/trajectories"])
+async def test_unknown_run_is_404_with_a_clear_detail(client: AsyncClient, suffix: str) -> None:
+    response = await client.get(f"/v1/runs/nope{suffix}")
+    assert response.status_code == 404
+    assert response.json() == {"detail": "run 'nope' not found"}
+
+
+async def test_unknown_trajectory_is_404(client: AsyncClient) -> None:
+    response = await client.get("/v1/trajectories/t-nope")
+    assert response.status_code == 404 and response.json() == {"detail": "trajectory 't-nope' not found"}
+
+
+async def test_runs_page_newest_first_without_gaps_or_repeats(
+    client: AsyncClient, sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
+    created = [(await client.post("/v1/runs", json={"name": f"r{i}"})).json()["run_id"] for i in range(4)]
+    same_instant = datetime(2020, 1, 1, tzinfo=UTC)
+    async with sessionmaker() as session:
+        session.add_all(Run(run_id=f"tie-{i}", name="tie", config={}, created_at=same_instant) for i in range(4))
+        await session.commit()
+    expected = [*reversed(created), "tie-3", "tie-2", "tie-1", "tie-0"]
+
+    seen, cursor, pages = [], None, 0
+    while True:
+        params = {"limit": 3} | ({"cursor": cursor} if cursor else {})
+        body = (await client.get("/v1/runs", params=params)).json()
+        seen += [item["run_id"] for item in body["items"]]
+        pages += 1
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == expected and pages == 3
+
+
+async def test_runs_filter_by_status(client: AsyncClient, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+    await client.post("/v1/runs", json={"name": "a"})
+    async with sessionmaker() as session:
+        session.add(Run(run_id="done-1", name="b", status="finished", config={}))
+        await session.commit()
+    body = (await client.get("/v1/runs", params={"status": "finished"})).json()
+    assert [item["run_id"] for item in body["items"]] == ["done-1"]
+    assert (await client.get("/v1/runs", params={"status": "bogus"})).status_code == 422
+
+
+async def test_bad_cursor_and_limit_are_refused(client: AsyncClient) -> None:
+    response = await client.get("/v1/runs", params={"cursor": "garbage!"})
+    assert response.status_code == 400 and "invalid cursor" in response.json()["detail"]
+    assert (await client.get("/v1/runs", params={"limit": 0})).status_code == 422
+    assert (await client.get("/v1/runs", params={"limit": 501})).status_code == 422
+
+
+async def test_health_and_openapi(client: AsyncClient) -> None:
+    assert (await client.get("/healthz")).json() == {"status": "ok"}
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200 and ready.json() == {"ready": True, "database": True, "bus": True}
+    paths = (await client.get("/openapi.json")).json()["paths"]
+    assert {"/v1/runs", "/v1/runs/{run_id}/trajectories", "/v1/trajectories/{trajectory_id}"} <= set(paths)

@@ -1,0 +1,153 @@
+"""The bus layer against a real NATS server (and a real S3 server for claim checks)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from crucible.bus import Bus, BusTimeout, RemoteError, RequestError
+from crucible.contracts import subjects
+from crucible.contracts.messages import DeadLetter, Event, SampleReply, SampleRequest, WeightsAnnounced
+from crucible.objectstore import ObjectStore
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def bus(common_settings):
+    settings = common_settings(claim_check_bytes=4096)
+    store = ObjectStore.from_settings(settings)
+    await store.ensure_bucket()
+    bus = await Bus.connect(settings, store=store, name="test")
+    await bus.ensure_streams()
+    yield bus
+    await bus.close()
+
+
+def event(kind: str, **data) -> Event:
+    return Event(run_id="r1", kind=kind, ts=1.0, data=data)
+
+
+async def consume_for(bus: Bus, seconds: float, handler, **kwargs) -> None:
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        bus.consume(
+            stream=subjects.EVENTS,
+            durable=kwargs.pop("durable", "test"),
+            filter_subject="events.>",
+            handler=handler,
+            message_type=Event,
+            stop=stop,
+            **kwargs,
+        )
+    )
+    await asyncio.sleep(seconds)
+    stop.set()
+    await task
+
+
+async def test_publish_deduplicates_by_message_id(bus):
+    assert await bus.publish(subjects.events("r1", "x"), event("x"), msg_id="m1") is True
+    assert await bus.publish(subjects.events("r1", "x"), event("x"), msg_id="m1") is False
+    info = await bus.js.stream_info(subjects.EVENTS)
+    assert info.state.messages == 1
+
+
+async def test_consumer_dead_letters_bad_and_failing_messages_and_keeps_going(bus):
+    await bus.js.publish(subjects.events("r1", "junk"), b"\x01not msgpack")
+    await bus.publish(subjects.events("r1", "boom"), event("boom"))
+    await bus.publish(subjects.events("r1", "ok"), event("ok"))
+    handled: list[tuple[str, int]] = []
+
+    async def handler(message: Event, delivery) -> None:
+        if message.kind == "boom":
+            raise ValueError("cannot handle boom")
+        handled.append((message.kind, delivery.attempt))
+
+    await consume_for(bus, 3.0, handler, max_deliver=2)
+    assert handled == [("ok", 1)]
+    letters = []
+    sub = await bus.js.pull_subscribe("deadletter.events", durable="dlq-reader", stream=subjects.DEAD_LETTER)
+    for msg in await sub.fetch(2, timeout=2):
+        from crucible.contracts import decode
+
+        letters.append(decode(msg.data, DeadLetter))
+    reasons = sorted(letter.reason for letter in letters)
+    assert any("not a valid Event" in r for r in reasons)
+    assert any("ValueError: cannot handle boom" in r for r in reasons)
+    assert {letter.deliveries for letter in letters if "boom" in letter.reason} == {2}
+
+
+async def test_unacked_message_is_redelivered_to_the_same_durable(bus):
+    await bus.publish(subjects.events("r1", "work"), event("work"))
+    seen: list[int] = []
+
+    async def hold_forever(message: Event, delivery) -> None:
+        seen.append(delivery.attempt)
+        delivery.hold()  # "crash": never ack
+
+    await consume_for(bus, 1.0, hold_forever, ack_wait=1.0)
+
+    async def finish(message: Event, delivery) -> None:
+        seen.append(delivery.attempt)
+
+    await consume_for(bus, 2.5, finish, ack_wait=1.0)
+    assert seen[0] == 1 and seen[-1] >= 2
+    await consume_for(bus, 1.0, finish, ack_wait=1.0)
+    assert len(seen) == 2  # acked: not delivered again
+
+
+async def test_large_message_travels_by_claim_check(bus):
+    big = event("big", blob="x" * 100_000)
+    await bus.publish(subjects.events("r1", "big"), big, claim_key="runs/r1/events/big.msgpack")
+    assert await bus.store.exists("runs/r1/events/big.msgpack")
+    raw = await bus.js.get_last_msg(subjects.EVENTS, subjects.events("r1", "big"))
+    assert len(raw.data) < 1000
+    assert await bus.latest(subjects.EVENTS, subjects.events("r1", "big"), Event) == big
+
+
+async def test_request_reply_errors_are_clear_and_the_server_keeps_serving(bus):
+    async def handler(request: SampleRequest) -> SampleReply:
+        if request.count < 0:
+            raise RequestError("bad_count", "count must be >= 0")
+        if request.count == 99:
+            raise RuntimeError("bug")
+        return SampleReply(tasks=[])
+
+    await bus.serve(subjects.CATALOG_SAMPLE, handler, SampleRequest, queue="catalog")
+    with pytest.raises(RemoteError) as bad:
+        await bus.request(subjects.CATALOG_SAMPLE, SampleRequest(run_id="r", taskset="t", count=-1), SampleReply)
+    assert bad.value.code == "bad_count"
+    with pytest.raises(RemoteError) as crash:
+        await bus.request(subjects.CATALOG_SAMPLE, SampleRequest(run_id="r", taskset="t", count=99), SampleReply)
+    assert crash.value.code == "internal" and "bug" in crash.value.detail
+    with pytest.raises(RemoteError) as wrong_type:
+        await bus.request(subjects.CATALOG_SAMPLE, event("not a request"), SampleReply)
+    assert wrong_type.value.code == "bad_request"
+    reply = await bus.request(subjects.CATALOG_SAMPLE, SampleRequest(run_id="r", taskset="t"), SampleReply)
+    assert reply == SampleReply(tasks=[])
+    with pytest.raises(BusTimeout):
+        await bus.request("nobody.home", SampleRequest(run_id="r", taskset="t"), SampleReply, timeout=1)
+
+
+async def test_watch_sees_latest_per_subject_then_new_ones(bus):
+    from crucible.contracts.messages import ObjectRef
+
+    ref = ObjectRef(uri="s3://b/k", sha256="0" * 64, size=1)
+    for run, version in [("a", 0), ("a", 1), ("b", 0)]:
+        await bus.publish(
+            subjects.weights_announced(run), WeightsAnnounced(run_id=run, version=version, step=0, manifest=ref)
+        )
+    seen: list[tuple[str, int]] = []
+
+    async def on(message: WeightsAnnounced) -> None:
+        seen.append((message.run_id, message.version))
+
+    await bus.watch(subjects.WEIGHTS_ANNOUNCED_ALL, WeightsAnnounced, on, last_per_subject=True)
+    await bus.publish(subjects.weights_announced("a"), WeightsAnnounced(run_id="a", version=2, step=4, manifest=ref))
+    for _ in range(50):
+        if len(seen) == 3:
+            break
+        await asyncio.sleep(0.05)
+    assert sorted(seen) == [("a", 1), ("a", 2), ("b", 0)]

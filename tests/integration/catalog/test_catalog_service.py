@@ -1,0 +1,52 @@
+"""The catalog service over real NATS, S3 and SQLite: publishes its task set at start, then serves it."""
+
+from __future__ import annotations
+
+import pytest
+
+from crucible.bus import RemoteError
+from crucible.contracts import subjects
+from crucible.contracts.messages import SampleReply, SampleRequest, TaskReply, TaskRequest
+from services.catalog.generator import HIDDEN_TESTS
+from services.catalog.snapshots import untar
+
+pytestmark = pytest.mark.integration
+
+
+async def test_sample_and_get_over_the_bus(bus, store):
+    request = SampleRequest(run_id="r1", taskset="pybugs", count=5, seed=3)
+    reply = await bus.request(subjects.CATALOG_SAMPLE, request, SampleReply, timeout=10)
+    again = await bus.request(subjects.CATALOG_SAMPLE, request, SampleReply, timeout=10)
+    assert len(reply.tasks) == 5 and [t.task_id for t in reply.tasks] == [t.task_id for t in again.tasks]
+    assert {t.task_id for t in reply.tasks} == {"pybugs-d1-0000", "pybugs-d2-0000"}
+
+    level2 = SampleRequest(run_id="r1", taskset="pybugs", difficulties=[2])
+    spec = (await bus.request(subjects.CATALOG_SAMPLE, level2, SampleReply, timeout=10)).tasks[0]
+    assert spec.task_id == "pybugs-d2-0000" and spec.difficulty == 2 and spec.statement
+    files = untar(await store.get_bytes(spec.snapshot))
+    assert "README.md" in files and HIDDEN_TESTS not in files
+
+    public = await bus.request(subjects.CATALOG_GET, TaskRequest(task_id=spec.task_id), TaskReply, timeout=10)
+    assert public.secret is None and public.task == spec
+    full = await bus.request(
+        subjects.CATALOG_GET, TaskRequest(task_id=spec.task_id, include_secret=True), TaskReply, timeout=10
+    )
+    assert full.secret is not None and full.secret.test_command[-1] == HIDDEN_TESTS
+    assert list(untar(await store.get_bytes(full.secret.hidden_tests))) == [HIDDEN_TESTS]
+    assert full.secret.reference_patch.startswith("diff --git a/")
+
+
+async def test_bad_requests_get_clear_errors(bus):
+    cases = [
+        (SampleRequest(run_id="r", taskset="nope"), "unknown_taskset"),
+        (SampleRequest(run_id="r", taskset="pybugs", difficulties=[3]), "empty_selection"),
+        (SampleRequest(run_id="r", taskset="pybugs", count=0), "bad_request"),
+        (SampleRequest(run_id="r", taskset="pybugs", count=10**6), "bad_request"),
+        (TaskRequest(task_id="pybugs-d9-9999"), "not_found"),
+    ]
+    for request, code in cases:
+        sample = isinstance(request, SampleRequest)
+        subject, reply_type = (subjects.CATALOG_SAMPLE, SampleReply) if sample else (subjects.CATALOG_GET, TaskReply)
+        with pytest.raises(RemoteError) as error:
+            await bus.request(subject, request, reply_type, timeout=10)
+        assert error.value.code == code, request

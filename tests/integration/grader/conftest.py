@@ -1,0 +1,110 @@
+"""The grader with a real sandbox and catalog, in-process, on a NATS server of this module's own.
+
+ROLLOUTS is a work queue, and a work queue allows one consumer per subject: a private NATS server keeps
+these tests' grader consumer away from every other test's streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+
+from crucible.bus import Bus
+from crucible.db.migrate import upgrade_async
+from crucible.localstack.servers import start_nats
+from crucible.objectstore import ObjectStore
+from crucible.runtime import Runtime, run
+from crucible.settings import CommonSettings
+from services.catalog.app import setup as catalog_setup
+from services.catalog.settings import Settings as CatalogSettings
+from services.grader.app import setup as grader_setup
+from services.grader.settings import Settings as GraderSettings
+from services.sandbox.app import setup as sandbox_setup
+from services.sandbox.settings import Settings as SandboxSettings
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory):
+    server = start_nats(state_dir=tmp_path_factory.mktemp("grader-nats"))
+    yield server.url
+    server.stop()
+
+
+@contextlib.asynccontextmanager
+async def running(
+    name: str, settings: CommonSettings, setup: Callable[[Runtime], Awaitable[None]]
+) -> AsyncIterator[Runtime]:
+    """A service in this process, from setup to a clean stop."""
+    started: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
+
+    async def setup_and_report(rt: Runtime) -> None:
+        await setup(rt)
+        started.set_result(rt)
+
+    task = asyncio.create_task(run(name, settings, setup_and_report))
+    done, _ = await asyncio.wait([started, task], timeout=60, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        task.result()
+    rt = started.result()
+    try:
+        yield rt
+    finally:
+        rt.stopping.set()
+        await asyncio.wait_for(task, timeout=60)
+
+
+@pytest.fixture
+def start_service():
+    """`async with start_service(name, settings, setup) as rt:` runs a service for the block."""
+    return running
+
+
+@pytest.fixture
+async def sandbox(common_settings, tmp_path):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    settings = common_settings(
+        SandboxSettings, workspace_root=tmp_path / "sandboxes", replica=f"sb-{uuid.uuid4().hex[:8]}"
+    )
+    async with running("sandbox", settings, sandbox_setup) as rt:
+        yield rt
+
+
+@pytest.fixture
+async def catalog(common_settings, sqlite_url):
+    """The real catalog with one generated, verified task (difficulty 1)."""
+    await upgrade_async(sqlite_url)
+    settings = common_settings(CatalogSettings, tasks_per_difficulty=1, difficulties=[1], verify_workers=1)
+    async with running("catalog", settings, catalog_setup) as rt:
+        yield rt
+
+
+@pytest.fixture
+def grader_settings(common_settings, request):
+    return common_settings(GraderSettings, **getattr(request, "param", {}))
+
+
+@pytest.fixture
+async def grader(grader_settings, sandbox, catalog):
+    async with running("grader", grader_settings, grader_setup) as rt:
+        yield rt
+
+
+@pytest.fixture
+async def store(common_settings):
+    store = ObjectStore.from_settings(common_settings())
+    await store.ensure_bucket()
+    return store
+
+
+@pytest.fixture
+async def bus(common_settings, store):
+    bus = await Bus.connect(common_settings(), store=store, name="test-client")
+    await bus.ensure_streams()
+    yield bus
+    await bus.close()

@@ -1,0 +1,234 @@
+"""The grader end to end: a real catalog task, a real sandbox, trajectories on ROLLOUTS, rewards on GRADED."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+import uuid
+
+import pytest
+from nats.js.api import DeliverPolicy
+from prometheus_client import REGISTRY
+
+from crucible.bus import Bus
+from crucible.clients.sandbox import SandboxClient
+from crucible.contracts import decode, packing, subjects
+from crucible.contracts.messages import (
+    GradedTrajectory,
+    SampleReply,
+    SampleRequest,
+    TaskReply,
+    TaskRequest,
+    ToolCall,
+    Trajectory,
+)
+from crucible.coordination import graded_key
+from crucible.settings import CommonSettings
+from services.grader.app import setup as grader_setup
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+WRONG_BUT_CLEAN = """\
+diff --git a/NOTES.md b/NOTES.md
+new file mode 100644
+--- /dev/null
++++ b/NOTES.md
+@@ -0,0 +1 @@
++Looked around; not sure where the bug is.
+"""
+
+
+def with_wrong_context(patch: str) -> str:
+    """The patch with its first removed line changed: it parses, but no longer applies."""
+    lines = patch.splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if line.startswith("-") and not line.startswith("---"))
+    lines[first] = "-# a line that is not in the file\n"
+    return "".join(lines)
+
+
+def tool_call(index: int, *, ok: bool) -> ToolCall:
+    return ToolCall(
+        index=index, name="read_file", arguments="{}", ok=ok, output="", duration_s=0.1,
+        token_start=0, token_end=1, policy_version=0,
+    )  # fmt: skip
+
+
+def trajectory(*, run_id: str, task: TaskReply, diff: str, tool_calls: list[ToolCall] = ()) -> Trajectory:
+    return Trajectory(
+        run_id=run_id,
+        trajectory_id=uuid.uuid4().hex,
+        group_id="g0",
+        task_id=task.task.task_id,
+        taskset=task.task.taskset,
+        tokens=packing.pack("u32", [1, 2, 3]),
+        logprobs=packing.pack("f32", [0.0, -0.5, -0.1]),
+        versions=packing.pack("u32", [0, 0, 0]),
+        loss_mask=packing.pack("u8", [0, 1, 1]),
+        constraints=packing.pack("u8", [0, 0, 0]),
+        tool_calls=list(tool_calls),
+        final_diff=diff,
+    )
+
+
+async def a_task(bus: Bus, run_id: str) -> TaskReply:
+    sampled = await bus.request(
+        subjects.CATALOG_SAMPLE, SampleRequest(run_id=run_id, taskset="pybugs", count=1), SampleReply
+    )
+    request = TaskRequest(task_id=sampled.tasks[0].task_id, include_secret=True)
+    return await bus.request(subjects.CATALOG_GET, request, TaskReply)
+
+
+async def count_on(bus: Bus, stream: str, subject: str) -> int:
+    info = await bus.js.stream_info(stream, subjects_filter=subject)
+    return (info.state.subjects or {}).get(subject, 0)
+
+
+async def wait_for(predicate, *, timeout_s: float, what: str) -> None:  # noqa: ANN001
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not await predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.3)
+
+
+async def graded_messages(bus: Bus, run_id: str) -> list[GradedTrajectory]:
+    subject = subjects.graded(run_id)
+    count = await count_on(bus, subjects.GRADED, subject)
+    sub = await bus.js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+    try:
+        return [decode((await sub.next_msg(timeout=5)).data, GradedTrajectory) for _ in range(count)]
+    finally:
+        await sub.unsubscribe()
+
+
+async def queue_drained(bus: Bus, run_id: str) -> bool:
+    return await count_on(bus, subjects.ROLLOUTS, subjects.rollouts(run_id)) == 0
+
+
+async def test_rewards_for_right_wrong_cheating_and_broken_diffs_each_graded_once(bus, grader):
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    task = await a_task(bus, run_id)
+    secret = task.secret
+    assert secret is not None
+    right = trajectory(
+        run_id=run_id,
+        task=task,
+        diff=secret.reference_patch,
+        tool_calls=[tool_call(0, ok=True), tool_call(1, ok=False)],
+    )
+    wrong = trajectory(run_id=run_id, task=task, diff=WRONG_BUT_CLEAN)
+    cheat = trajectory(
+        run_id=run_id,
+        task=task,
+        diff=secret.reference_patch + WRONG_BUT_CLEAN.replace("NOTES.md", "tests/conftest.py"),
+    )
+    broken = trajectory(run_id=run_id, task=task, diff=with_wrong_context(secret.reference_patch))
+    for message in (
+        right,
+        wrong,
+        cheat,
+        broken,
+        right,
+    ):  # `right` twice: a redelivery, as far as the grader knows
+        await bus.publish(subjects.rollouts(run_id), message)
+
+    await wait_for(
+        lambda: queue_drained(bus, run_id), timeout_s=240, what="the grader to take every trajectory"
+    )
+    graded = {g.trajectory.trajectory_id: g for g in await graded_messages(bus, run_id)}
+    assert len(await graded_messages(bus, run_id)) == 4
+    assert graded.keys() == {
+        right.trajectory_id,
+        wrong.trajectory_id,
+        cheat.trajectory_id,
+        broken.trajectory_id,
+    }
+
+    good = graded[right.trajectory_id].reward
+    assert good.tests_total > 0 and good.tests_passed == good.tests_total, good
+    assert good.components == {"tests": 1.0, "tool_success": pytest.approx(0.05)}
+    assert good.total == pytest.approx(1.05)
+    assert all(t.outcome == "passed" for t in good.tests)
+
+    bad = graded[wrong.trajectory_id].reward
+    assert bad.tests_total == good.tests_total and bad.tests_passed < bad.tests_total
+    assert bad.total < 1.0
+    assert {t.outcome for t in bad.tests} >= {"failed"}
+
+    cheated = graded[cheat.trajectory_id].reward
+    assert cheated.total == 0.0 and cheated.tests_total == 0
+    assert "tests/conftest.py" in cheated.note
+
+    unapplied = graded[broken.trajectory_id].reward
+    assert unapplied.total == 0.0 and "does not apply" in unapplied.note
+
+    assert await grader.redis.exists(graded_key(right.trajectory_id))
+    assert graded[right.trajectory_id].trajectory == right
+
+
+async def slow_fix(bus: Bus, run_id: str, task: TaskReply) -> str:
+    """The reference fix plus a module that sleeps at import: a diff whose tests take a while."""
+    assert task.secret is not None
+    module = next(
+        line.removeprefix("+++ b/")
+        for line in task.secret.reference_patch.splitlines()
+        if line.startswith("+++ b/")
+    )
+    async with await SandboxClient(bus).create(
+        run_id=run_id, task_id=task.task.task_id, snapshot=task.task.snapshot
+    ) as box:
+        assert (await box.apply_patch(task.secret.reference_patch)).ok
+        appended = await box.run(
+            ["bash", "-c", f"printf '\\nimport time\\ntime.sleep(6)\\n' >> {module}"], timeout_s=10
+        )
+        assert appended.ok, appended
+        return await box.diff()
+
+
+def service_env(settings: CommonSettings) -> dict[str, str]:
+    env = dict(os.environ)
+    for name, value in settings.model_dump(mode="json").items():
+        env[f"CRUCIBLE_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
+    return env
+
+
+@pytest.mark.parametrize("grader_settings", [{"ack_wait_s": 4.0, "heartbeat_s": 1.0}], indirect=True)
+async def test_grader_killed_mid_run_is_picked_up_by_the_next_one(
+    bus, sandbox, catalog, grader_settings, start_service, tmp_path
+):
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    task = await a_task(bus, run_id)
+    slow = trajectory(run_id=run_id, task=task, diff=await slow_fix(bus, run_id, task))
+    await bus.publish(subjects.rollouts(run_id), slow)
+
+    log = (tmp_path / "grader.log").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.grader", env=service_env(grader_settings), stdout=log, stderr=log
+    )
+    try:
+
+        async def grading_started() -> bool:
+            assert process.returncode is None, (tmp_path / "grader.log").read_text()
+            return (REGISTRY.get_sample_value("crucible_sandbox_sessions") or 0) >= 1
+
+        await wait_for(grading_started, timeout_s=60, what="the first grader to open a sandbox")
+        await asyncio.sleep(1.0)
+        process.send_signal(signal.SIGKILL)
+        assert await process.wait() == -signal.SIGKILL
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        log.close()
+    assert await count_on(bus, subjects.GRADED, subjects.graded(run_id)) == 0
+
+    async with start_service("grader", grader_settings, grader_setup):
+        await wait_for(lambda: queue_drained(bus, run_id), timeout_s=120, what="the second grader to finish")
+    graded = await graded_messages(bus, run_id)
+    assert [g.trajectory.trajectory_id for g in graded] == [slow.trajectory_id]
+    reward = graded[0].reward
+    assert reward.tests_total > 0 and reward.tests_passed == reward.tests_total, reward
+    assert await count_on(bus, subjects.DEAD_LETTER, subjects.dead_letter(subjects.ROLLOUTS)) == 0

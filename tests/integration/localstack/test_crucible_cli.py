@@ -1,0 +1,102 @@
+"""The `crucible` command: fast help, clear errors, `db upgrade`, and `crucible up` stopping everything
+it started on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def crucible(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    return subprocess.run([sys.executable, "-c", "from crucible.cli.main import app; app()", *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def processes_under(directory: Path) -> list[int]:
+    """Live processes whose working directory is inside `directory`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if Path(os.readlink(proc / "cwd")).is_relative_to(directory):
+                    found.append(int(proc.name))
+            except OSError:
+                continue
+    return found
+
+
+def test_help_is_fast_and_lists_the_commands() -> None:
+    started = time.monotonic()
+    result = crucible("--help")
+    assert result.returncode == 0, result.stderr
+    assert time.monotonic() - started < 5
+    assert "up" in result.stdout and "db" in result.stdout
+    probe = "import sys, crucible.cli.main; print(sorted(m for m in ('torch', 'ray', 'sqlalchemy') if m in sys.modules))"
+    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "[]", "heavy modules imported at CLI import time"
+
+
+def test_up_rejects_an_unknown_service() -> None:
+    result = crucible("up", "--service", "nope")
+    assert result.returncode == 2
+    assert "unknown service(s) nope" in result.stdout + result.stderr
+
+
+def test_db_upgrade_rejects_a_non_async_url() -> None:
+    result = crucible("db", "upgrade", "--database-url", "postgresql://postgres:hunter2@127.0.0.1/x")
+    assert result.returncode == 1
+    output = result.stdout + result.stderr
+    assert "use postgresql+asyncpg://" in output and "hunter2" not in output
+
+
+def test_db_upgrade_migrates_sqlite(tmp_path: Path) -> None:
+    db = tmp_path / "cli.db"
+    result = crucible("db", "upgrade", "--database-url", f"sqlite+aiosqlite:///{db}", timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select version_num from alembic_version").fetchone()
+
+
+@pytest.mark.slow
+def test_up_runs_until_sigterm_then_stops_everything(tmp_path: Path, s3: dict[str, str]) -> None:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "CRUCIBLE_S3_ACCESS_KEY": s3["s3_access_key"],
+           "CRUCIBLE_S3_SECRET_KEY": s3["s3_secret_key"], "CRUCIBLE_S3_BUCKET": f"cli-{uuid.uuid4().hex[:12]}"}
+    state = tmp_path / "state"
+    up = subprocess.Popen(
+        [sys.executable, "-c", "from crucible.cli.main import app; app()", "up", "--service", "checkpoints",
+         "--api-port", "0", "--state-dir", str(state), "--s3-endpoint", s3["s3_endpoint"]],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        lines = []
+        while time.monotonic() < deadline:
+            line = up.stdout.readline()
+            assert line or up.poll() is None, "crucible up exited:\n" + "".join(lines)
+            lines.append(line)
+            if line.startswith("API: "):
+                break
+        else:
+            pytest.fail("crucible up did not report the stack as started:\n" + "".join(lines))
+        children = processes_under(state)
+        assert len(children) >= 3, "NATS, Redis and the checkpoints service run under the state dir"
+        up.send_signal(signal.SIGTERM)
+        output, _ = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 0, output
+    assert "stopped" in output
+    assert processes_under(state) == []
+    assert (state / "logs" / "checkpoints.log").is_file(), "a state dir the user chose is kept"

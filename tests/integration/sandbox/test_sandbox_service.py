@@ -1,0 +1,116 @@
+"""The sandbox service over real NATS and S3: sessions from snapshots, tools, diffs, patches, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import tarfile
+
+import pytest
+
+from crucible.bus import RemoteError
+from crucible.clients.sandbox import SandboxClient, SandboxSession
+from crucible.contracts.messages import ObjectRef
+
+pytestmark = pytest.mark.integration
+
+REPO = {
+    "calc/__init__.py": "",
+    "calc/ops.py": "def add(a, b):\n    return a - b\n",
+    "tests/test_ops.py": "from calc.ops import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+}
+HIDDEN = {
+    "tests/test_hidden.py": "from calc.ops import add\n\n\ndef test_zero():\n    assert add(0, 0) == 0\n"
+}
+
+
+def tar_gz(files: dict[str, str]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, text in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(text.encode())
+            tar.addfile(info, io.BytesIO(text.encode()))
+    return buf.getvalue()
+
+
+@pytest.fixture
+async def snapshot(store):
+    return await store.put_bytes(
+        "tasksets/test/calc/snapshot.tar.gz", tar_gz(REPO), content_type="application/gzip"
+    )
+
+
+async def test_an_episode_then_grading_in_a_fresh_session(bus, store, snapshot, service):
+    client = SandboxClient(bus)
+    async with await client.create(run_id="run-1", task_id="calc-1", snapshot=snapshot) as box:
+        assert box.replica == service.settings.replica
+        listing = await box.tool("list_dir", path="calc")
+        assert listing.ok and listing.output.splitlines() == ["__init__.py", "ops.py"]
+        found = await box.tool("grep", pattern="return", include="*.py")
+        assert found.output == "calc/ops.py:2:    return a - b"
+        edited = await box.tool("replace", path="calc/ops.py", old="a - b", new="a + b")
+        assert edited.ok, edited
+        refused = await box.tool("read_file", path="../../etc/passwd")
+        assert not refused.ok and "outside the workspace" in (refused.error or "")
+        diff = await box.diff()
+        assert "+    return a + b" in diff
+
+    with pytest.raises(RemoteError) as err:
+        await box.tool("list_dir")
+    assert err.value.code == "unknown_session"
+
+    hidden = await store.put_bytes("tasksets/test/calc/hidden.tar.gz", tar_gz(HIDDEN))
+    async with await client.create(run_id="run-1", task_id="calc-1", snapshot=snapshot) as grading:
+        assert (await grading.apply_patch(diff)).ok
+        assert (await grading.overlay(hidden)).ok
+        tests = await grading.run(
+            ["python", "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"], timeout_s=60
+        )
+        assert tests.ok and "2 passed" in tests.output, tests.output
+        shell = await grading.run("echo $HOME; exit 4", timeout_s=10, output_cap=1024)
+        assert (shell.output, shell.exit_code) == ("/tmp\n", 4)
+
+
+async def test_unknown_session_and_bad_requests(bus, snapshot, service):
+    ghost = SandboxSession(
+        bus, session_id="no-such-session", replica=service.settings.replica, call_timeout_s=10
+    )
+    with pytest.raises(RemoteError) as err:
+        await ghost.diff()
+    assert err.value.code == "unknown_session"
+    assert await ghost.destroy() is False
+    async with await SandboxClient(bus).create(run_id="r", task_id="t", snapshot=snapshot) as box:
+        unknown = await box.tool("rm_rf")
+        assert not unknown.ok and "unknown tool" in (unknown.error or "")
+        with pytest.raises(RemoteError) as err:
+            await box.run([], timeout_s=5)
+        assert err.value.code == "bad_request"
+
+
+async def test_snapshot_with_a_wrong_checksum_is_refused(bus, snapshot):
+    forged = ObjectRef(uri=snapshot.uri, sha256="0" * 64, size=snapshot.size)
+    with pytest.raises(RemoteError) as err:
+        await SandboxClient(bus).create(run_id="r", task_id="t", snapshot=forged)
+    assert err.value.code == "bad_snapshot" and "IntegrityError" in err.value.detail
+
+
+@pytest.mark.parametrize("sandbox_settings", [{"max_sessions": 1}], indirect=True)
+async def test_a_full_replica_answers_busy(bus, snapshot):
+    client = SandboxClient(bus)
+    async with await client.create(run_id="r", task_id="t", snapshot=snapshot):
+        with pytest.raises(RemoteError) as err:
+            await client.create(run_id="r", task_id="t", snapshot=snapshot)
+        assert err.value.code == "busy"
+
+
+async def test_shutdown_destroys_every_session(bus, snapshot, service):
+    box = await SandboxClient(bus).create(run_id="r", task_id="t", snapshot=snapshot)
+    root = service.settings.workspace_root / service.settings.replica
+    assert (root / box.session_id / "workspace" / "calc" / "ops.py").exists()
+    service.stopping.set()
+    for _ in range(100):
+        if not root.exists():
+            break
+        await asyncio.sleep(0.1)
+    assert not root.exists()

@@ -1,0 +1,58 @@
+"""The deployment files, loaded once: there is no Docker engine or cluster in the test environment, so
+they are checked offline against schemas, the repository and the services' settings classes."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from crucible.localstack import SERVICES
+
+REPO = Path(__file__).resolve().parents[3]
+ENV_PREFIX = "CRUCIBLE_"
+_VARIABLE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::?-(?P<default>[^}]*))?\}")
+
+
+def _interpolate(value: str) -> str:
+    """What compose substitutes when no variable is set: ${X:-default} -> default, ${X} -> "", $$ -> $."""
+    return _VARIABLE.sub(lambda m: m.group("default") or "", value).replace("$$", "$")
+
+
+def _settings_from_env(service: str, env: dict[str, Any]) -> Any:
+    """Build services.<service>.settings.Settings from the CRUCIBLE_* variables a deployment file passes;
+    every such variable must name one of its fields (a typo would be silently ignored at run time)."""
+    settings_cls = importlib.import_module(f"services.{service}.settings").Settings
+    fields = {k[len(ENV_PREFIX):].lower(): _interpolate(str(v)) for k, v in env.items() if k.startswith(ENV_PREFIX)}
+    unknown = sorted(f"{ENV_PREFIX}{name.upper()}" for name in set(fields) - set(settings_cls.model_fields))
+    assert not unknown, f"{service}: {unknown} are not fields of services.{service}.settings.Settings"
+    return settings_cls(**fields)
+
+
+@pytest.fixture(scope="session")
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture(scope="session")
+def compose() -> dict[str, Any]:
+    return yaml.safe_load((REPO / "docker-compose.yml").read_text())
+
+
+@pytest.fixture(scope="session")
+def settings_from_env() -> Any:
+    return _settings_from_env
+
+
+@pytest.fixture(scope="session")
+def interpolate() -> Any:
+    return _interpolate
+
+
+@pytest.fixture(scope="session")
+def services() -> tuple[str, ...]:
+    return SERVICES

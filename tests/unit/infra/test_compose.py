@@ -1,0 +1,143 @@
+"""docker-compose.yml, checked without a Docker engine: the Compose Specification schema, the service
+graph, health checks, images, and the settings each service is given."""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib.resources import files
+from typing import Any
+
+import jsonschema
+import pytest
+
+CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
+USES_DATABASE = {"catalog", "api"}
+REQUIRED_FIELDS = {"nats_url", "s3_endpoint", "s3_access_key", "s3_secret_key", "s3_bucket", "redis_url",
+                   "http_host", "http_port"}
+
+
+def one_shots(compose: dict[str, Any]) -> set[str]:
+    """Services others wait on to finish (migrations, bucket creation)."""
+    return {
+        target
+        for svc in compose["services"].values()
+        for target, dep in (svc.get("depends_on") or {}).items()
+        if isinstance(dep, dict) and dep.get("condition") == "service_completed_successfully"
+    }
+
+
+def test_matches_the_compose_specification_schema(compose: dict[str, Any]) -> None:
+    schema = json.loads(files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(compose)]
+    assert not errors, "\n".join(errors)
+
+
+def test_has_backends_migration_and_every_service(compose: dict[str, Any], services: tuple[str, ...]) -> None:
+    expected = {"nats", "minio", "redis", "postgres", "migrate", *services}
+    assert expected <= set(compose["services"])
+
+
+def test_depends_on_names_existing_services_with_a_condition(compose: dict[str, Any]) -> None:
+    names = set(compose["services"])
+    for name, svc in compose["services"].items():
+        depends_on = svc.get("depends_on") or {}
+        assert isinstance(depends_on, dict), f"{name}: depends_on must be the long form with conditions"
+        for target, dep in depends_on.items():
+            assert target in names, f"{name} depends on unknown service {target}"
+            assert dep.get("condition") in CONDITIONS, f"{name} -> {target}: condition missing or unknown"
+            if dep["condition"] == "service_healthy":
+                assert "healthcheck" in compose["services"][target], f"{name} waits for {target} to be healthy"
+
+
+def test_long_running_services_have_health_checks_and_one_shots_do_not_restart(compose: dict[str, Any]) -> None:
+    shots = one_shots(compose)
+    assert {"migrate"} <= shots
+    for name, svc in compose["services"].items():
+        if name in shots:
+            assert svc.get("restart") == "no", f"one-shot {name} must not restart"
+        else:
+            test = svc.get("healthcheck", {}).get("test")
+            assert test, f"{name} has no health check"
+
+
+def test_database_users_wait_for_migrations(compose: dict[str, Any]) -> None:
+    migrate = compose["services"]["migrate"]
+    assert migrate["command"][:3] == ["python", "-m", "crucible.db.migrate"]
+    assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
+    for name in USES_DATABASE:
+        assert compose["services"][name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+
+
+def test_nats_runs_jetstream_config_and_health_checks_its_monitoring_port(compose: dict[str, Any], repo) -> None:
+    nats = compose["services"]["nats"]
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in nats["volumes"] if m.startswith("./")}
+    config_path = nats["command"][nats["command"].index("--config") + 1]
+    assert (repo / mounts[config_path]).is_file()
+    config = (repo / mounts[config_path]).read_text()
+    assert re.search(r"^jetstream\s*\{", config, re.M)
+    monitor_port = re.search(r"^http_port:\s*(\d+)", config, re.M).group(1)
+    assert f"127.0.0.1:{monitor_port}/healthz" in " ".join(nats["healthcheck"]["test"])
+
+
+@pytest.mark.parametrize("service", ["catalog", "sandbox", "rollout", "grader", "trainer", "checkpoints", "api"])
+def test_service_builds_its_own_dockerfile(compose: dict[str, Any], repo, service: str) -> None:
+    build = compose["services"][service]["build"]
+    assert build["dockerfile"] == f"infra/docker/{service}.Dockerfile"
+    assert (repo / build.get("context", ".") / build["dockerfile"]).is_file()
+
+
+def test_every_build_names_an_existing_dockerfile(compose: dict[str, Any], repo) -> None:
+    for name, svc in compose["services"].items():
+        if "build" in svc:
+            assert (repo / svc["build"].get("context", ".") / svc["build"]["dockerfile"]).is_file(), name
+
+
+@pytest.mark.parametrize("service", ["catalog", "sandbox", "rollout", "grader", "trainer", "checkpoints", "api"])
+def test_service_settings_match_what_compose_passes(
+    compose: dict[str, Any], settings_from_env, interpolate, service: str
+) -> None:
+    svc = compose["services"][service]
+    env = svc["environment"]
+    settings = settings_from_env(service, env)
+    passed = {k.removeprefix("CRUCIBLE_").lower() for k in env if k.startswith("CRUCIBLE_")}
+    required = REQUIRED_FIELDS | ({"database_url"} if service in USES_DATABASE else set())
+    assert required <= passed, f"{service} is not given {sorted(required - passed)}"
+    assert settings.nats_url == "nats://nats:4222"
+    assert settings.s3_endpoint.split(":")[0] == "minio"
+    assert settings.redis_url.startswith("redis://redis:")
+    if service in USES_DATABASE:
+        assert settings.database_url.startswith("postgresql+asyncpg://") and "@postgres:5432/" in settings.database_url
+    health = " ".join(svc["healthcheck"]["test"])
+    assert f"127.0.0.1:{settings.http_port}/readyz" in health
+    assert settings.http_host == "0.0.0.0", "health checks and Prometheus reach the service from outside"
+
+
+def test_api_publishes_its_rest_port_on_loopback(compose: dict[str, Any], settings_from_env) -> None:
+    api = compose["services"]["api"]
+    settings = settings_from_env("api", api["environment"])
+    assert f"127.0.0.1:{settings.api_port}:{settings.api_port}" in api["ports"]
+    assert settings.api_host == "0.0.0.0"
+
+
+def test_published_ports_bind_loopback_only(compose: dict[str, Any]) -> None:
+    for name, svc in compose["services"].items():
+        for port in svc.get("ports", []):
+            assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
+
+
+def test_s3_credentials_match_minio_root_user(compose: dict[str, Any], interpolate) -> None:
+    minio_env = compose["services"]["minio"]["environment"]
+    for service in ("catalog", "checkpoints"):
+        env = compose["services"][service]["environment"]
+        assert interpolate(env["CRUCIBLE_S3_ACCESS_KEY"]) == interpolate(minio_env["MINIO_ROOT_USER"])
+        assert interpolate(env["CRUCIBLE_S3_SECRET_KEY"]) == interpolate(minio_env["MINIO_ROOT_PASSWORD"])
+    bucket = interpolate(compose["services"]["api"]["environment"]["CRUCIBLE_S3_BUCKET"])
+    assert f"crucible/{bucket}" in " ".join(compose["services"]["minio-init"]["command"])
+
+
+def test_database_url_matches_postgres_credentials(compose: dict[str, Any], interpolate) -> None:
+    pg = {k: interpolate(v) for k, v in compose["services"]["postgres"]["environment"].items()}
+    url = interpolate(compose["services"]["api"]["environment"]["CRUCIBLE_DATABASE_URL"])
+    assert url == f"postgresql+asyncpg://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/{pg['POSTGRES_DB']}"

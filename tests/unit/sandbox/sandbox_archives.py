@@ -1,0 +1,28 @@
+"""Small tar.gz archives for the sandbox tests."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+
+REPO = {
+    "calc/__init__.py": "",
+    "calc/ops.py": "def add(a, b):\n    return a - b\n\n\ndef twice(a):\n    return add(a, a)\n",
+    "tests/test_ops.py": "from calc.ops import add\n\n\ndef test_add():\n    assert add(2, 3) == 5\n",
+    "README.md": "calc\n" + "".join(f"line {i}\n" for i in range(2, 1001)),
+}
+
+
+def make_tar(files: dict[str, str | bytes], *, links: dict[str, str] | None = None) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, content in files.items():
+            data = content.encode() if isinstance(content, str) else content
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
+        for name, target in (links or {}).items():
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    return buf.getvalue()

@@ -1,0 +1,105 @@
+"""The sandbox policy, run for real: isolation, timeouts that kill the whole tree, output caps."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+from services.sandbox.bwrap import Sandbox
+from services.sandbox.process import execute
+
+
+async def run_in(
+    sandbox: Sandbox, workspace: Path, command: str, *, timeout_s: float = 30.0, output_cap: int = 65536
+):
+    workspace.mkdir(parents=True, exist_ok=True)
+    argv = sandbox.argv(["bash", "-c", command], workspace=workspace)
+    return await execute(argv, timeout_s=timeout_s, output_cap=output_cap)
+
+
+def processes_with(marker: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(int(pid))
+    return found
+
+
+async def test_runs_a_command_in_the_workspace(sandbox, tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "hello.txt").write_text("hi from the host\n")
+    result = await run_in(sandbox, tmp_path / "ws", "pwd; cat hello.txt; echo out > made.txt; id -un; exit 3")
+    assert result.output.splitlines() == ["/workspace", "hi from the host", "sandbox"]
+    assert (result.ok, result.exit_code, result.timed_out) == (False, 3, False)
+    assert (tmp_path / "ws" / "made.txt").read_text() == "out\n"
+
+
+async def test_python_and_pytest_run_inside(sandbox, tmp_path):
+    result = await run_in(
+        sandbox,
+        tmp_path / "ws",
+        "python -c 'import sys; print(sys.version_info[0])' && python -m pytest --version",
+    )
+    assert result.ok, result.output
+    assert result.output.startswith("3\n") and "pytest" in result.output
+
+
+async def test_timeout_kills_the_child_and_its_grandchildren(sandbox, tmp_path):
+    marker = f"{1000 + uuid.uuid4().int % 9000}.{uuid.uuid4().int % 1000}"
+    command = (
+        f"(setsid sleep {marker} &); (nohup sleep {marker} >/dev/null 2>&1 &); echo started; sleep {marker}"
+    )
+    result = await run_in(sandbox, tmp_path / "ws", command, timeout_s=1.0)
+    assert result.timed_out and not result.ok and result.exit_code is None
+    assert result.output == "started\n"
+    assert result.duration_s < 10
+    assert processes_with(f"sleep {marker}") == []
+
+
+async def test_output_cap_keeps_head_and_tail(sandbox, tmp_path):
+    result = await run_in(sandbox, tmp_path / "ws", "seq 1 100000", output_cap=1000)
+    assert result.ok and result.truncated
+    assert result.output.startswith("1\n2\n3\n")
+    assert result.output.endswith("99999\n100000\n")
+    assert "bytes of output omitted" in result.output
+    assert len(result.output) < 1100
+
+
+async def test_network_is_unreachable_inside(sandbox, tmp_path):
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        port = listener.getsockname()[1]
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()  # reachable from the host
+        probe = f"python -c \"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)\""
+        result = await run_in(sandbox, tmp_path / "ws", probe + " && echo connected")
+    assert not result.ok
+    assert "connected" not in result.output and "ConnectionRefusedError" in result.output
+
+
+async def test_host_environment_and_files_are_not_visible(sandbox, tmp_path, monkeypatch):
+    monkeypatch.setenv("CRUCIBLE_SANDBOX_SECRET", "s3cr3t-value")
+    host_dir = tmp_path / "host-only"
+    host_dir.mkdir()
+    (host_dir / "secret.txt").write_text("host data")
+    result = await run_in(sandbox, tmp_path / "ws", f"env; ls {host_dir} 2>&1; cat /etc/passwd")
+    assert "s3cr3t-value" not in result.output
+    assert "HOME=/tmp" in result.output and "PYTHONDONTWRITEBYTECODE=1" in result.output
+    assert "No such file or directory" in result.output and "host data" not in result.output
+    assert "sandbox:x:1000" in result.output
+
+
+async def test_system_is_read_only_and_privileges_dropped(sandbox, tmp_path):
+    command = "touch /usr/crucible-probe; grep CapEff /proc/self/status; unshare -U true || echo no-userns"
+    result = await run_in(sandbox, tmp_path / "ws", command)
+    assert "Read-only file system" in result.output
+    assert "CapEff:\t0000000000000000" in result.output
+    assert not Path("/usr/crucible-probe").exists()
+    if sandbox.disable_userns:
+        assert "no-userns" in result.output
