@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-
 from crucible.localstack.processes import LOOPBACK, port_open
 from crucible.localstack.servers import jetstream_ready, start_nats, start_redis, start_seaweedfs
 from crucible.settings import CommonSettings
@@ -115,7 +114,8 @@ def sqlite_url(tmp_path: Path) -> str:
 def common_settings(
     nats_url: str, s3: dict[str, str], redis_url: str, sqlite_url: str
 ) -> Callable[..., CommonSettings]:
-    """Factory: `common_settings(**overrides)` or `common_settings(services.x.settings.Settings, **overrides)`.
+    """Factory: `common_settings(**overrides)`, or `common_settings(SettingsClass, **overrides)` for a
+    service's own settings class.
 
     Every call in one test shares one bucket (and stream prefix, where the settings have one), unique
     to the test, so tests never see each other's objects or messages on the shared servers."""

@@ -214,7 +214,7 @@ class Bus:
             while not stop.is_set():
                 try:
                     msgs = await psub.fetch(batch, timeout=1.0)
-                except nats.errors.TimeoutError:
+                except (nats.errors.TimeoutError, TimeoutError):
                     continue
                 except nats.errors.ConnectionClosedError:
                     return
@@ -248,6 +248,9 @@ class Bus:
         except asyncio.CancelledError:
             await msg.nak()
             raise
+        except ContractError as exc:  # the message is wrong and will never succeed: park it now
+            await self.dead_letter(msg, stream=stream, consumer=durable, reason=str(exc))
+            return
         except Exception as exc:  # a handler bug must not stop the consumer
             reason = f"{type(exc).__name__}: {exc}"
             log.warning("handler failed", stream=stream, consumer=durable, attempt=delivery.attempt, error=reason)

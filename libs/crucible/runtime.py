@@ -8,9 +8,10 @@ stops taking new work, lets in-flight work finish (or hands it back to JetStream
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -27,6 +28,14 @@ from crucible.telemetry import configure_logging
 
 S = TypeVar("S", bound=CommonSettings)
 SHUTDOWN_GRACE_S = 20.0
+
+
+class EmbeddedServer(uvicorn.Server):
+    """uvicorn inside the service runtime, which owns the process's signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
 
 
 class Runtime:
@@ -95,8 +104,7 @@ class Runtime:
         config = uvicorn.Config(
             app, host=self.settings.http_host, port=self.settings.http_port, log_level="warning", lifespan="off"
         )
-        server = uvicorn.Server(config)
-        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        server = EmbeddedServer(config)
         task = asyncio.create_task(server.serve(), name="health")
         while not server.started:
             if task.done():

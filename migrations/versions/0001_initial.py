@@ -23,7 +23,9 @@ def _timestamp(name: str, *, nullable: bool = False) -> sa.Column:
 
 
 def _run_id() -> sa.Column:
-    return sa.Column("run_id", sa.String(64), sa.ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False)
+    return sa.Column(
+        "run_id", sa.String(64), sa.ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False
+    )
 
 
 def upgrade() -> None:
@@ -59,8 +61,10 @@ def upgrade() -> None:
         sa.Column("trajectory_id", sa.String(128), nullable=False),
         sa.Column("uses", sa.Integer(), nullable=False),
         sa.ForeignKeyConstraint(
-            ["run_id", "step"], ["steps.run_id", "steps.step"],
-            name=op.f("fk_step_trajectories_run_id_steps"), ondelete="CASCADE",
+            ["run_id", "step"],
+            ["steps.run_id", "steps.step"],
+            name=op.f("fk_step_trajectories_run_id_steps"),
+            ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("run_id", "step", "trajectory_id", name=op.f("pk_step_trajectories")),
     )
@@ -94,7 +98,9 @@ def upgrade() -> None:
     op.create_table(
         "gradings",
         sa.Column(
-            "trajectory_id", sa.String(128), sa.ForeignKey("trajectories.trajectory_id", ondelete="CASCADE"),
+            "trajectory_id",
+            sa.String(128),
+            sa.ForeignKey("trajectories.trajectory_id", ondelete="CASCADE"),
             nullable=False,
         ),
         sa.Column("grading_key", sa.String(200), nullable=False),

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -15,7 +14,7 @@ import crucible
 from crucible.bus import Bus
 from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import check_schema
-from crucible.runtime import Runtime
+from crucible.runtime import EmbeddedServer, Runtime
 from services.api.commands import Unavailable
 from services.api.ingest import run_ingest
 from services.api.pagination import InvalidCursor
@@ -50,15 +49,8 @@ def create_app(
     return app
 
 
-class _Server(uvicorn.Server):
-    """uvicorn inside the service runtime, which owns the signals."""
 
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-async def _serve(server: _Server, stopping: asyncio.Event) -> None:
+async def _serve(server: EmbeddedServer, stopping: asyncio.Event) -> None:
     serving = asyncio.ensure_future(server.serve())
     stop = asyncio.ensure_future(stopping.wait())
     await asyncio.wait([serving, stop], return_when=asyncio.FIRST_COMPLETED)
@@ -80,14 +72,21 @@ async def setup(rt: Runtime) -> None:
             stop=rt.stopping,
             batch=settings.ingest_batch,
             max_deliver=settings.ingest_max_deliver,
+            graded_durable=settings.graded_durable,
+            events_durable=settings.events_durable,
         ),
         name="ingest",
     )
     app = create_app(settings=settings, sessionmaker=sessionmaker, bus=rt.bus)
     config = uvicorn.Config(
-        app, host=settings.api_host, port=settings.api_port, log_level="warning", lifespan="off", access_log=False
+        app,
+        host=settings.api_host,
+        port=settings.api_port,
+        log_level="warning",
+        lifespan="off",
+        access_log=False,
     )
-    server = _Server(config)
+    server = EmbeddedServer(config)
     task = rt.spawn(_serve(server, rt.stopping), name="rest")
     while not server.started:
         if task.done():

@@ -53,6 +53,8 @@ async def create_run(*, session: AsyncSession, bus: Bus | None, name: str, confi
     except Exception as exc:  # nats raises many unrelated types when the server is away
         run.status, run.error, run.finished_at = "failed", f"could not announce the run: {exc!r}", utcnow()
         await session.commit()
-        raise Unavailable(f"run {run.run_id} recorded but not announced, the bus is unavailable: {exc!r}") from exc
+        raise Unavailable(
+            f"run {run.run_id} recorded but not announced, the bus is unavailable: {exc!r}"
+        ) from exc
     log.info("run created", run_id=run.run_id, name=name)
     return RunOut.model_validate(run)

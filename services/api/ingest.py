@@ -24,7 +24,9 @@ log = structlog.get_logger("crucible.api")
 UNREACHABLE = (OperationalError, InterfaceError, OSError)
 
 
-async def _until_stored(work: Callable[[], Awaitable[object]], delivery: Delivery, stop: asyncio.Event) -> None:
+async def _until_stored(
+    work: Callable[[], Awaitable[object]], delivery: Delivery, stop: asyncio.Event
+) -> None:
     delay = 0.5
     while True:
         try:
@@ -44,7 +46,7 @@ async def run_ingest(
     bus: Bus,
     sessionmaker: async_sessionmaker[AsyncSession],
     stop: asyncio.Event,
-    batch: int = 32,
+    batch: int = 1,
     max_deliver: int = 5,
     graded_durable: str = subjects.API_GRADED_DURABLE,
     events_durable: str = subjects.API_EVENTS_DURABLE,
@@ -66,18 +68,24 @@ async def run_ingest(
 
         await _until_stored(work, delivery, stop)
 
-    def consume(stream: str, durable: str, handler: Handler, message_type: type[Message]) -> Awaitable[None]:
-        return bus.consume(
-            stream=stream,
-            durable=durable,
-            filter_subject=subjects.STREAMS[stream][0],
-            handler=handler,
-            message_type=message_type,
-            stop=stop,
-            batch=batch,
-            max_deliver=max_deliver,
-            deliver_new=deliver_new,
-        )
+    async def consume(stream: str, durable: str, handler: Handler, message_type: type[Message]) -> None:
+        """Keep the consumer running: a bus failure is logged and the consumer re-attached."""
+        while not stop.is_set():
+            try:
+                await bus.consume(
+                    stream=stream,
+                    durable=durable,
+                    filter_subject=subjects.STREAMS[stream][0],
+                    handler=handler,
+                    message_type=message_type,
+                    stop=stop,
+                    batch=batch,
+                    max_deliver=max_deliver,
+                    deliver_new=deliver_new,
+                )
+            except Exception as exc:  # nats raises many unrelated types; the api must stay up
+                log.error("consumer failed; re-attaching", stream=stream, durable=durable, error=repr(exc))
+                await asyncio.sleep(1.0)
 
     await asyncio.gather(
         consume(subjects.GRADED, graded_durable, on_graded, GradedTrajectory),

@@ -39,9 +39,7 @@ def decode_cursor(cursor: str, keys: Sequence[InstrumentedAttribute[Any]]) -> li
         try:
             if expected is datetime:
                 value = datetime.fromisoformat(value)
-            elif expected is int and (isinstance(value, bool) or not isinstance(value, int)):
-                raise TypeError(value)
-            elif expected is str and not isinstance(value, str):
+            elif type(value) is not expected:
                 raise TypeError(value)
         except (TypeError, ValueError) as exc:
             raise InvalidCursor("invalid cursor: not one this API returned for this listing") from exc
@@ -49,7 +47,9 @@ def decode_cursor(cursor: str, keys: Sequence[InstrumentedAttribute[Any]]) -> li
     return values
 
 
-def _after(keys: Sequence[InstrumentedAttribute[Any]], values: list[Any], descending: bool) -> ColumnElement[bool]:
+def _after(
+    keys: Sequence[InstrumentedAttribute[Any]], values: list[Any], descending: bool
+) -> ColumnElement[bool]:
     """Rows strictly after `values` in (keys...) order: a lexicographic comparison spelled out."""
     first, rest = keys[0], keys[1:]
     beyond = first < values[0] if descending else first > values[0]
@@ -78,4 +78,3 @@ async def paginate(
     rows = rows[:limit]
     last = rows[-1][0]
     return rows, encode_cursor([getattr(last, key.key) for key in keys])
-

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from crucible.contracts import subjects
 from crucible.settings import CommonSettings
 
 
@@ -10,7 +11,11 @@ class Settings(CommonSettings):
     """Interface the REST API listens on."""
     api_port: int = Field(default=8000, ge=0, le=65535)
     """REST API port; 0 picks a free port."""
-    ingest_batch: int = Field(default=32, ge=1, le=1024)
+    ingest_batch: int = Field(default=1, ge=1, le=1024)
     """Stream messages fetched per pull while ingesting."""
     ingest_max_deliver: int = Field(default=5, ge=1)
     """Deliveries of a message that keeps failing before it is dead-lettered."""
+    graded_durable: str = Field(default=subjects.API_GRADED_DURABLE, pattern=r"^[A-Za-z0-9_-]+$")
+    """Durable consumer on GRADED; api replicas of one deployment share it."""
+    events_durable: str = Field(default=subjects.API_EVENTS_DURABLE, pattern=r"^[A-Za-z0-9_-]+$")
+    """Durable consumer on EVENTS; api replicas of one deployment share it."""

@@ -1,8 +1,8 @@
 """A graded trajectory as a reader wants it: text segments by side and policy version, tool calls, reward.
 
 Token ids decode with the byte tokenizer (0-255 are UTF-8 bytes; specials by name, unknown ones as
-`<special:N>`). A new segment starts wherever the side (agent-sampled or environment) or the policy version changes, so
-a mid-episode weight swap shows as two agent segments with different versions.
+`<special:N>`). A new segment starts wherever the side (agent-sampled or environment) or the policy
+version changes, so a mid-episode weight swap shows as two agent segments with different versions.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ def segments(graded: GradedTrajectory) -> list[Segment]:
     versions = unpack("u32", traj.versions)
     mask = unpack("u8", traj.loss_mask)
     if not len(tokens) == len(versions) == len(mask):
-        raise ValueError(
-            f"trajectory {traj.trajectory_id}: {len(tokens)} tokens, {len(versions)} versions, {len(mask)} mask"
-        )
+        counts = f"{len(tokens)} tokens, {len(versions)} versions, {len(mask)} mask"
+        raise ValueError(f"trajectory {traj.trajectory_id}: {counts}")
     out: list[Segment] = []
     start = 0
     for i in range(1, len(tokens) + 1):

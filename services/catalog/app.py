@@ -6,8 +6,6 @@ from collections.abc import Awaitable, Callable
 from random import Random
 from typing import TypeVar
 
-from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
-
 from crucible.bus import RequestError
 from crucible.contracts import subjects
 from crucible.contracts.messages import Message, SampleReply, SampleRequest, TaskReply, TaskRequest
@@ -18,6 +16,7 @@ from services.catalog.index import get_task, sample_tasks
 from services.catalog.metrics import REJECTED, REQUESTS, TASKS
 from services.catalog.publish import publish_taskset
 from services.catalog.settings import Settings
+from services.catalog.verify import VerifyResult
 
 Q = TypeVar("Q", bound=Message)
 QUEUE = "catalog"
@@ -30,7 +29,7 @@ async def setup(rt: Runtime) -> None:
     await check_schema(engine)
     sessionmaker = make_sessionmaker(engine)
 
-    def rejected(result) -> None:  # noqa: ANN001
+    def rejected(result: VerifyResult) -> None:
         REJECTED.labels(settings.taskset).inc()
         rt.log.warning("task failed verification; not served", task_id=result.task_id, reason=result.reason)
 
@@ -47,23 +46,35 @@ async def setup(rt: Runtime) -> None:
     )
     TASKS.labels(settings.taskset).set(report.reused + report.published)
     rt.log.info(
-        "task set ready", taskset=report.taskset, generated=report.generated, reused=report.reused,
-        published=report.published, removed=report.removed, rejected=len(report.rejected),
+        "task set ready",
+        taskset=report.taskset,
+        generated=report.generated,
+        reused=report.reused,
+        published=report.published,
+        removed=report.removed,
+        rejected=len(report.rejected),
     )
 
     async def sample(request: SampleRequest) -> SampleReply:
         if request.count > settings.max_sample:
-            raise RequestError("bad_request", f"count {request.count} is over the limit of {settings.max_sample}")
+            raise RequestError(
+                "bad_request", f"count {request.count} is over the limit of {settings.max_sample}"
+            )
         async with sessionmaker() as session:
             tasks = await sample_tasks(
-                session=session, taskset=request.taskset, count=request.count,
-                difficulties=request.difficulties, rng=Random(request.seed),
+                session=session,
+                taskset=request.taskset,
+                count=request.count,
+                difficulties=request.difficulties,
+                rng=Random(request.seed),
             )
         return SampleReply(tasks=tasks)
 
     async def get(request: TaskRequest) -> TaskReply:
         async with sessionmaker() as session:
-            return await get_task(session=session, task_id=request.task_id, include_secret=request.include_secret)
+            return await get_task(
+                session=session, task_id=request.task_id, include_secret=request.include_secret
+            )
 
     await rt.bus.serve(subjects.CATALOG_SAMPLE, _counted("sample", sample), SampleRequest, queue=QUEUE)
     await rt.bus.serve(subjects.CATALOG_GET, _counted("get", get), TaskRequest, queue=QUEUE)

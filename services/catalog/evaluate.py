@@ -56,8 +56,10 @@ def approx_equal(expected: object, actual: object) -> bool:
     if isinstance(expected, float):
         return close(expected, actual)
     if isinstance(expected, dict):
-        return isinstance(actual, dict) and expected.keys() == actual.keys() and all(
-            close(expected[k], actual[k]) for k in expected
+        return (
+            isinstance(actual, dict)
+            and expected.keys() == actual.keys()
+            and all(close(expected[k], actual[k]) for k in expected)
         )
     return (
         isinstance(actual, type(expected))
@@ -98,7 +100,7 @@ def run_probes(
             module = ModuleType(f"{alias}.{name}")
             module.__package__ = alias
             sys.modules[module.__name__] = module
-            exec(compile(source, f"<{name}.py>", "exec"), module.__dict__)
+            exec(compile(source, f"<{name}.py>", "exec"), module.__dict__)  # noqa: S102 - our own templates
             setattr(package, name, module)
             loaded[name] = module
         namespace = {name: getattr(loaded[module], name) for name, module in exports.items()}
@@ -111,7 +113,7 @@ def run_probes(
 def _evaluate(setup: str, expr: str, namespace: dict[str, object]) -> Outcome:
     try:
         if setup:
-            exec(setup, namespace)
+            exec(setup, namespace)  # noqa: S102 - our own templates
         return Outcome(value=eval(expr, namespace))
     except Exception as exc:  # noqa: BLE001 - any failure of generated code is an outcome to record
         return Outcome(error=type(exc).__name__, message=str(exc))

@@ -78,17 +78,18 @@ def generate_task(*, seed: int, difficulty: int, index: int, taskset: str = "pyb
     family = order[(index + difficulty) % len(order)]
     rng = Random(f"{taskset}:{seed}:{difficulty}:{index}")
     for _ in range(_ATTEMPTS):
-        task = _attempt(rng=rng, family=family, difficulty=difficulty, task_id=f"{taskset}-d{difficulty}-{index:04d}")
+        task_id = f"{taskset}-d{difficulty}-{index:04d}"
+        task = _attempt(rng=rng, family=family, difficulty=difficulty, taskset=taskset, task_id=task_id)
         if task is not None:
-            return _with_taskset(task, taskset)
-    raise GenerationError(f"no valid {family.key} task at difficulty {difficulty} (seed {seed}, index {index})")
+            return task
+    raise GenerationError(
+        f"no valid {family.key} task at difficulty {difficulty} (seed {seed}, index {index})"
+    )
 
 
-def _with_taskset(task: GeneratedTask, taskset: str) -> GeneratedTask:
-    return GeneratedTask(**{**task.__dict__, "taskset": taskset})
-
-
-def _attempt(*, rng: Random, family: Family, difficulty: int, task_id: str) -> GeneratedTask | None:
+def _attempt(
+    *, rng: Random, family: Family, difficulty: int, taskset: str, task_id: str
+) -> GeneratedTask | None:
     others = [f for f in FAMILIES if f.key != family.key]
     p = place(rng=rng, family=family, difficulty=difficulty, filler=rng.choice(others or [family]))
     if p is None:
@@ -127,7 +128,7 @@ def _attempt(*, rng: Random, family: Family, difficulty: int, task_id: str) -> G
     fixed_files = files | p.sources(buggy=False)
     return GeneratedTask(
         task_id=task_id,
-        taskset="",
+        taskset=taskset,
         difficulty=difficulty,
         family=family.key,
         statement=text,
@@ -168,7 +169,9 @@ def _repository(*, p: Placement, visible: list[_Row], rng: Random) -> dict[str, 
     sources = p.sources(buggy=True)
     listing = {
         module: [
-            (q.name, signature(sources[p.path_of(q)], q.name), q.unit.summary) for q in p.placed if q.module == module
+            (q.name, signature(sources[p.path_of(q)], q.name), q.unit.summary)
+            for q in p.placed
+            if q.module == module
         ]
         for module in p.module_docs
     }

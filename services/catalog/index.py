@@ -15,7 +15,16 @@ from crucible.contracts.messages import ObjectRef, TaskReply, TaskSecret, TaskSp
 from crucible.db.models import Task
 
 _UPSERT_BATCH = 200
-ROW_FIELDS = ("taskset", "difficulty", "family", "statement", "snapshot", "hidden_tests", "test_command", "reference_patch")
+ROW_FIELDS = (
+    "taskset",
+    "difficulty",
+    "family",
+    "statement",
+    "snapshot",
+    "hidden_tests",
+    "test_command",
+    "reference_patch",
+)
 
 
 async def stored_rows(*, session: AsyncSession, taskset: str) -> dict[str, dict[str, Any]]:
@@ -53,13 +62,18 @@ async def sample_tasks(
         raise RequestError("bad_request", f"count must be at least 1, got {count}")
     if difficulties is not None and not difficulties:
         raise RequestError("bad_request", "difficulties must be omitted or list at least one level")
-    found = (await session.execute(select(Task.task_id, Task.difficulty).where(Task.taskset == taskset))).all()
+    found = (
+        await session.execute(select(Task.task_id, Task.difficulty).where(Task.taskset == taskset))
+    ).all()
     if not found:
         raise RequestError("unknown_taskset", f"no task set named {taskset!r}")
     pool = sorted(task_id for task_id, level in found if difficulties is None or level in difficulties)
     if not pool:
         levels = sorted({level for _, level in found})
-        raise RequestError("empty_selection", f"task set {taskset!r} has no task at difficulties {list(difficulties or [])}; it has {levels}")
+        raise RequestError(
+            "empty_selection",
+            f"task set {taskset!r} has no task at difficulties {list(difficulties or [])}; it has {levels}",
+        )
     chosen: list[str] = []
     while len(chosen) < count:
         chosen += rng.sample(pool, k=min(len(pool), count - len(chosen)))

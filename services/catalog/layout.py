@@ -103,14 +103,18 @@ class Placement:
         return self.difficulty > 1 and re.search(rf"\b{re.escape(self.bug.name)}\b", text) is not None
 
 
-def _module_source(doc: str, members: list[Placed], imports: dict[str, set[str]], p: Placement, buggy: bool) -> str:
+def _module_source(
+    doc: str, members: list[Placed], imports: dict[str, set[str]], p: Placement, buggy: bool
+) -> str:
     stdlib = [name for m in members for name in m.unit.imports]
     bodies = [p.body(m, buggy=buggy) for m in members]
     return module_source(doc=doc, stdlib=stdlib, imports=imports, bodies=bodies)
 
 
 def place(*, rng: Random, family: Family, difficulty: int, filler: Family) -> Placement | None:
-    pairs = [(b, s) for b in family.units if b.mutations for s in family.units if _fits(family, b, s, difficulty)]
+    pairs = [
+        (b, s) for b in family.units if b.mutations for s in family.units if _fits(family, b, s, difficulty)
+    ]
     if not pairs:
         return None
     bug, symptom = rng.choice(pairs)
@@ -126,7 +130,10 @@ def place(*, rng: Random, family: Family, difficulty: int, filler: Family) -> Pl
     if difficulty == 2:
         docs = {core: f"Building blocks of {family.key} helpers."} | docs
     elif difficulty == 3:
-        docs = {core: f"Building blocks of {family.key} helpers.", middle: "Helpers built on the core functions."} | docs
+        docs = {
+            core: f"Building blocks of {family.key} helpers.",
+            middle: "Helpers built on the core functions.",
+        } | docs
 
     def module_for(unit: Unit) -> str:
         if difficulty == 1 or (difficulty == 2 and unit.layer > 0):
@@ -144,7 +151,9 @@ def place(*, rng: Random, family: Family, difficulty: int, filler: Family) -> Pl
         docs[filler_topic] = filler.description
         filler_keys = filler.closure(set(rng.sample([u.key for u in filler.units], k=2)))
         placed += [
-            Placed(family=filler, unit=filler.unit(k), name=rng.choice(filler.unit(k).names), module=filler_topic)
+            Placed(
+                family=filler, unit=filler.unit(k), name=rng.choice(filler.unit(k).names), module=filler_topic
+            )
             for k in sorted(filler_keys, key=lambda k: [u.key for u in filler.units].index(k))
         ]
     if len({p.name for p in placed}) < len(placed) or {p.name for p in placed} & set(docs):

@@ -2,6 +2,10 @@
 
 from prometheus_client import Counter, Gauge
 
-REQUESTS = Counter("crucible_catalog_requests_total", "Catalog requests answered, by verb and result", ["verb", "result"])
-TASKS = Gauge("crucible_catalog_tasks", "Tasks this replica found ready to serve at start, by task set", ["taskset"])
+REQUESTS = Counter(
+    "crucible_catalog_requests_total", "Catalog requests answered, by verb and result", ["verb", "result"]
+)
+TASKS = Gauge(
+    "crucible_catalog_tasks", "Tasks this replica found ready to serve at start, by task set", ["taskset"]
+)
 REJECTED = Counter("crucible_catalog_rejected_total", "Generated tasks that failed verification", ["taskset"])

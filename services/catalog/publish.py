@@ -75,15 +75,26 @@ async def publish_taskset(
                 on_rejected(result)
     fresh = [p for p in todo if p.task.task_id not in rejected]
     for p in fresh:
-        await store.put_bytes(_key(name, p.task.task_id, "repo.tar.gz"), p.repo, content_type="application/gzip")
-        await store.put_bytes(_key(name, p.task.task_id, "hidden.tar.gz"), p.hidden, content_type="application/gzip")
+        await store.put_bytes(
+            _key(name, p.task.task_id, "repo.tar.gz"), p.repo, content_type="application/gzip"
+        )
+        await store.put_bytes(
+            _key(name, p.task.task_id, "hidden.tar.gz"), p.hidden, content_type="application/gzip"
+        )
     now = datetime.now(UTC)
     async with sessionmaker() as session, session.begin():
-        await upsert_tasks(session=session, rows=[{"task_id": p.task.task_id, **p.row, "created_at": now} for p in fresh])
+        await upsert_tasks(
+            session=session, rows=[{"task_id": p.task.task_id, **p.row, "created_at": now} for p in fresh]
+        )
         keep = {p.task.task_id for p in current + fresh}
         removed = await delete_tasks_except(session=session, taskset=name, keep=keep)
     return PublishReport(
-        taskset=name, generated=len(packed), reused=len(current), published=len(fresh), removed=removed, rejected=rejected
+        taskset=name,
+        generated=len(packed),
+        reused=len(current),
+        published=len(fresh),
+        removed=removed,
+        rejected=rejected,
     )
 
 

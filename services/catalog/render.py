@@ -21,13 +21,17 @@ class Case:
     expected: Outcome
 
 
-def module_source(*, doc: str, stdlib: Sequence[str], imports: Mapping[str, Sequence[str]], bodies: Sequence[str]) -> str:
+def module_source(
+    *, doc: str, stdlib: Sequence[str], imports: Mapping[str, Sequence[str]], bodies: Sequence[str]
+) -> str:
     """A module: docstring, stdlib imports, relative imports from sibling modules, then the bodies."""
     head = [f'"""{doc}"""', ""]
     if stdlib:
         head += [f"import {name}" for name in sorted(set(stdlib))] + [""]
     if imports:
-        head += [f"from .{module} import {', '.join(sorted(names))}" for module, names in sorted(imports.items())]
+        head += [
+            f"from .{module} import {', '.join(sorted(names))}" for module, names in sorted(imports.items())
+        ]
         head.append("")
     parts = ["\n".join(head).rstrip() + "\n"] + [body.strip("\n") + "\n" for body in bodies]
     return "\n\n".join(parts)
@@ -39,9 +43,15 @@ def test_source(*, doc: str, package: str, exports: Mapping[str, str], cases: Se
     by_module: dict[str, list[str]] = {}
     for name in sorted(used & exports.keys()):
         by_module.setdefault(exports[name], []).append(name)
-    needs_pytest = any(line.startswith(("with pytest", "assert")) and "pytest." in line for c in cases for line in assertion(c.expr, c.expected))
+    needs_pytest = any(
+        line.startswith(("with pytest", "assert")) and "pytest." in line
+        for c in cases
+        for line in assertion(c.expr, c.expected)
+    )
     lines = [f'"""{doc}"""', ""] + (["import pytest", ""] if needs_pytest else [])
-    lines += [f"from {package}.{module} import {', '.join(names)}" for module, names in sorted(by_module.items())]
+    lines += [
+        f"from {package}.{module} import {', '.join(names)}" for module, names in sorted(by_module.items())
+    ]
     for case in cases:
         lines += ["", "", f"def {case.name}():"]
         lines += [textwrap.indent(line, "    ") for line in case.setup.splitlines()]
@@ -113,8 +123,13 @@ def unified_patch(*, before: Mapping[str, str], after: Mapping[str, str]) -> str
 
 
 def signature(source: str, name: str) -> str:
-    """`name(args)` as written in the definition of `name` within `source`."""
-    match = re.search(rf"^(?:def|class) {re.escape(name)}(\(.*?\))?:", source, flags=re.M)
+    """`name(args)` as written in the definition of `name` (for a class, its `__init__`) within `source`."""
+    match = re.search(
+        rf"^(?:def {re.escape(name)}(\(.*?\))|class {re.escape(name)}\b.*?):$", source, flags=re.MULTILINE
+    )
     if match is None:
         raise ValueError(f"no definition of {name}")
-    return name + (match.group(1) or "")
+    if match.group(1) is not None:
+        return name + match.group(1)
+    init = re.compile(r"^    def __init__\(self,? ?(.*?)\):$", flags=re.MULTILINE).search(source, match.end())
+    return f"{name}({init.group(1) if init else ''})"

@@ -29,29 +29,41 @@ def statement(
 ) -> str:
     where = f"{package}.{module}"
     snippet = _snippet(where=where, function=function, setup=setup, expr=expr, actual=actual)
+    observed = _observed(actual)
     if difficulty <= 1:
-        title = rng.choice([f"`{function}` returns a wrong result", f"Wrong output from `{where}.{function}`"])
-        intro = f"The docs of `{where}.{function}` say: \"{summary[:1].upper()}{summary[1:]}.\" But when I run this:"
-        return f"{title}\n\n{intro}\n\n{snippet}\n\nit {_observed(actual)}, while I expected {_shown(expected)}.\n"
+        title = rng.choice(
+            [f"`{function}` returns a wrong result", f"Wrong output from `{where}.{function}`"]
+        )
+        docs = f"{summary[:1].upper()}{summary[1:]}."
+        intro = f'The docs of `{where}.{function}` say: "{docs}" But when I run this:'
+        return f"{title}\n\n{intro}\n\n{snippet}\n\n{observed}, while I expected {_shown(expected)}.\n"
     if difficulty == 2:
         title = rng.choice([f"`{function}` gives an incorrect answer", f"Bug in `{where}.{function}`"])
-        return f"{title}\n\n{snippet}\n\nThis {_observed(actual)}; the correct result is {_shown(expected)}.\n"
+        return f"{title}\n\n{snippet}\n\n{observed}; the correct result is {_shown(expected)}.\n"
     title = rng.choice([f"Odd results from `{package}`", f"Something is off in `{where}`"])
     closing = rng.choice(["That does not look right.", "This worked for me before, so I think it is a bug."])
-    return f"{title}\n\nWith `{package}` I ran:\n\n{snippet}\n\nIt {_observed(actual)}. {closing}\n"
+    return f"{title}\n\nWith `{package}` I ran:\n\n{snippet}\n\n{observed}. {closing}\n"
 
 
 def _snippet(*, where: str, function: str, setup: str, expr: str, actual: Outcome) -> str:
+    """The reporter's script: strings are kept in a variable (print would hide their quotes)."""
     body = f"{setup.rstrip()}\n" if setup.strip() else ""
-    last = f"print({expr})" if actual.error is None else expr
+    if actual.error is not None:
+        last = expr
+    elif isinstance(actual.value, str):
+        last = f"result = {expr}"
+    else:
+        last = f"print({expr})"
     return f"```python\nfrom {where} import {function}\n\n{body}{last}\n```"
 
 
 def _observed(actual: Outcome) -> str:
     if actual.error is not None:
         detail = f"{actual.error}: {actual.message}" if actual.message else actual.error
-        return f"fails with `{_cap(detail)}`"
-    return f"prints `{_cap(repr(actual.value))}`"
+        return f"It fails with `{_cap(detail)}`"
+    if isinstance(actual.value, str):
+        return f"`result` is `{_cap(repr(actual.value))}`"
+    return f"It prints `{_cap(repr(actual.value))}`"
 
 
 def _shown(expected: Outcome) -> str:

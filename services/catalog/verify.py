@@ -31,7 +31,7 @@ class VerifyResult:
     duration_s: float = 0.0
 
 
-_TEST_DEF = re.compile(r"^def test_", re.M)
+_TEST_DEF = re.compile(r"^def test_", re.MULTILINE)
 
 
 class TestRunError(RuntimeError):
@@ -51,11 +51,15 @@ def run_tests(*, repo: Path, command: Sequence[str], timeout: float) -> dict[str
     argv = [sys.executable if command[0] == "python" else command[0], *command[1:], f"--junitxml={report}"]
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     try:
-        proc = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+        proc = subprocess.run(
+            argv, cwd=repo, env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
     except subprocess.TimeoutExpired as exc:
         raise TestRunError(f"tests ran past {timeout}s") from exc
     if not report.exists():
-        raise TestRunError(f"no test report (exit {proc.returncode}): {proc.stdout[-500:]}{proc.stderr[-500:]}")
+        raise TestRunError(
+            f"no test report (exit {proc.returncode}): {proc.stdout[-500:]}{proc.stderr[-500:]}"
+        )
     outcomes = parse_junit(report.read_text(encoding="utf-8"))
     report.unlink()
     if not outcomes:
@@ -78,7 +82,13 @@ def apply_patch(*, repo: Path, patch: str, timeout: float = 30) -> None:
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(repo.parent)}
     proc = subprocess.run(
         ["git", "apply", "--whitespace=nowarn", "-"],
-        cwd=repo, env=env, input=patch, capture_output=True, text=True, timeout=timeout, check=False,
+        cwd=repo,
+        env=env,
+        input=patch,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
     )
     if proc.returncode != 0:
         raise TestRunError(f"reference patch does not apply: {proc.stderr.strip()}")
@@ -93,7 +103,11 @@ def verify_task(task: GeneratedTask, *, timeout: float = 30) -> VerifyResult:
 
     def result(reason: str = "") -> VerifyResult:
         return VerifyResult(
-            task_id=task.task_id, ok=not reason, reason=reason, buggy=buggy, fixed=fixed,
+            task_id=task.task_id,
+            ok=not reason,
+            reason=reason,
+            buggy=buggy,
+            fixed=fixed,
             duration_s=time.monotonic() - started,
         )
 
@@ -107,9 +121,15 @@ def verify_task(task: GeneratedTask, *, timeout: float = 30) -> VerifyResult:
         except TestRunError as exc:
             return result(str(exc))
     hidden = {k: v for k, v in buggy.items() if k.split("::")[0].endswith("test_hidden")}
-    expected = sum(len(_TEST_DEF.findall(text)) for path, text in {**task.files, **task.hidden_files}.items() if path.startswith("tests/"))
+    expected = sum(
+        len(_TEST_DEF.findall(text))
+        for path, text in {**task.files, **task.hidden_files}.items()
+        if path.startswith("tests/")
+    )
     if len(fixed) != expected or len(buggy) != expected:
-        return result(f"expected {expected} tests, ran {len(buggy)} on the bug and {len(fixed)} with the patch")
+        return result(
+            f"expected {expected} tests, ran {len(buggy)} on the bug and {len(fixed)} with the patch"
+        )
     if not any(v != "passed" for v in hidden.values()):
         return result("no hidden test fails on the buggy repository")
     if not any(v == "passed" for v in hidden.values()):

@@ -3,21 +3,38 @@ reference computed on the same rank (the whole global batch through the plain mo
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-
 from crucible.model import ModelConfig, Transformer, build_model
 from crucible.parallel.data import full_grads, full_state_dict
 from crucible.parallel.mesh import ParallelConfig, build_mesh
-from crucible.parallel.train import OptimizerConfig, build_optimizer, clip_grad_norm_, parallel_train_step, parallelize
+from crucible.parallel.train import (
+    OptimizerConfig,
+    all_reduce_router_loads,
+    build_optimizer,
+    parallel_train_step,
+    parallelize,
+)
 
 CFG = ModelConfig(
-    vocab_size=64, dim=16, n_layers=3, n_heads=2, n_kv_heads=1, max_seq_len=16, ffn_dim=16,
-    num_experts=8, top_k=2, expert_dim=8, shared_expert_dim=8, first_moe_layer=1,
+    vocab_size=64,
+    dim=16,
+    n_layers=3,
+    n_heads=2,
+    n_kv_heads=1,
+    max_seq_len=16,
+    ffn_dim=16,
+    num_experts=8,
+    top_k=2,
+    expert_dim=8,
+    shared_expert_dim=8,
+    first_moe_layer=1,
 )
-OPT = OptimizerConfig(lr=1e-3, eps=1e-5, weight_decay=0.1, max_grad_norm=0.5)
-BATCH_PER_RANK, SEQ = 2, 8
+OPT = OptimizerConfig(lr=1e-3, eps=1e-5, weight_decay=0.1, max_grad_norm=0.3)
+BATCH_PER_RANK, SEQ = 2, 16
 UNUSED_EXPERTS = (6, 7)  # never chosen in the first MoE layer: whole expert ranks get no rows
 
 
@@ -42,14 +59,22 @@ def reference_step(*, precision: str, world: int, max_grad_norm: float) -> dict:
     """Loss, clipped gradients and parameters after one step of the plain model on the global batch."""
     tokens, routes = global_batch(world)
     model = build_model(CFG, precision=precision, seed=0)
-    opt = torch.optim.AdamW(model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay
+    )
     loss = lm_loss(model, tokens, routes)
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm) if max_grad_norm else None
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    loads = torch.stack([moe.router.tokens_per_expert.clone() for moe in model.moe_layers])
     opt.step()
-    return {"loss": float(loss), "grad_norm": float(norm) if norm is not None else None, "grads": grads,
-            "params": {n: t.clone() for n, t in model.state_dict().items()}}
+    return {
+        "loss": float(loss.detach()),
+        "grad_norm": float(norm) if norm is not None else None,
+        "grads": grads,
+        "loads": loads,
+        "params": {n: t.clone() for n, t in model.state_dict().items()},
+    }
 
 
 def _local_batch(world: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,15 +84,25 @@ def _local_batch(world: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _max_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], names=None) -> float:
-    names = names if names is not None else b.keys()
+    names = list(b) if names is None else names
     return max(float((a[n].float() - b[n].float()).abs().max()) for n in names)
+
+
+def _rel_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """Global L2 error relative to the reference's global L2 norm."""
+    diff = sum(float((a[n].float() - b[n].float()).square().sum()) for n in b)
+    norm = sum(float(b[n].float().square().sum()) for n in b)
+    return (diff / norm) ** 0.5
 
 
 def _is_expert(name: str) -> bool:
     return ".experts." in name
 
 
-def parallel_step(shape: tuple[int, int, int], *, precision: str, max_grad_norm: float, naive_expert_grads: bool = False):
+def parallel_step(
+    shape: tuple[int, int, int], *, precision: str, max_grad_norm: float, naive_expert_grads: bool = False
+):
+    """One step of the parallelized model on this rank's slice; full gradients and parameters after it."""
     replicate, shard, expert = shape
     mesh = build_mesh(ParallelConfig(replicate=replicate, shard=shard, expert=expert))
     model = parallelize(build_model(CFG, precision=precision, seed=0), mesh=mesh)
@@ -76,27 +111,109 @@ def parallel_step(shape: tuple[int, int, int], *, precision: str, max_grad_norm:
             moe.experts.set_gradient_divide_factor(float(mesh.expert_data.size()))
     opt = build_optimizer(model, config=OPT)
     tokens, routes = _local_batch(dist.get_world_size(), dist.get_rank())
-    rows = torch.tensor([0])
-    stats = parallel_train_step(model=model, optimizer=opt, loss_fn=lambda m: lm_loss(m, tokens, routes),
-                                max_grad_norm=max_grad_norm)
+    stats = parallel_train_step(
+        model=model, optimizer=opt, loss_fn=lambda m: lm_loss(m, tokens, routes), max_grad_norm=max_grad_norm
+    )
+    all_reduce_router_loads(model)
+    stats["loads"] = torch.stack([moe.router.tokens_per_expert for moe in model.moe_layers])
     return stats, full_grads(model), full_state_dict(model)
 
 
 def compare_shapes(shapes: list[tuple[int, int, int]], precision: str) -> list[dict]:
     """For each shape: errors of loss, grad norm, gradients and parameters against the reference."""
-    world = dist.get_world_size()
-    ref = reference_step(precision=precision, world=world, max_grad_norm=OPT.max_grad_norm)
+    ref = reference_step(precision=precision, world=dist.get_world_size(), max_grad_norm=OPT.max_grad_norm)
+    start = build_model(CFG, precision=precision, seed=0).state_dict()
+    ref_update = {n: ref["params"][n] - start[n] for n in start}
     report = []
     for shape in shapes:
         stats, grads, params = parallel_step(shape, precision=precision, max_grad_norm=OPT.max_grad_norm)
-        report.append({
-            "shape": shape,
-            "loss": abs(stats["loss"] - ref["loss"]),
-            "grad_norm": abs(stats["grad_norm"] - ref["grad_norm"]),
-            "grads": _max_err(grads, ref["grads"]),
-            "expert_grads": _max_err(grads, ref["grads"], [n for n in ref["grads"] if _is_expert(n)]),
-            "params": _max_err(params, ref["params"]),
-            "grad_scale": max(float(ref["grads"][n].abs().max()) for n in ref["grads"]),
-            "update_scale": max(float((ref["params"][n] - p).abs().max()) for n, p in build_model(CFG, precision=precision, seed=0).state_dict().items()),
-        })
+        update = {n: params[n] - start[n] for n in start}
+        report.append(
+            {
+                "shape": shape,
+                "loss": abs(stats["loss"] - ref["loss"]) / abs(ref["loss"]),
+                "grad_norm": abs(stats["grad_norm"] - ref["grad_norm"]) / ref["grad_norm"],
+                "clipped": ref["grad_norm"] > OPT.max_grad_norm,
+                "grads": _max_err(grads, ref["grads"]),
+                "params": _max_err(params, ref["params"]),
+                "router_loads": float((stats["loads"] - ref["loads"]).abs().max()),
+                "grads_rel": _rel_err(grads, ref["grads"]),
+                "update_rel": _rel_err(update, ref_update),
+            }
+        )
     return report
+
+
+def naive_expert_reduction(shape: tuple[int, int, int]) -> dict:
+    """Expert gradients under FSDP's default (mean over the expert-data mesh) against the reference."""
+    ref = reference_step(precision="fp32", world=dist.get_world_size(), max_grad_norm=0.0)
+    _, grads, _ = parallel_step(shape, precision="fp32", max_grad_norm=0.0, naive_expert_grads=True)
+    experts = [n for n in ref["grads"] if _is_expert(n)]
+    dense = [n for n in ref["grads"] if not _is_expert(n)]
+    dot = sum(float((grads[n] * ref["grads"][n]).sum()) for n in experts)
+    norm = sum(float(ref["grads"][n].square().sum()) for n in experts)
+    return {"expert_scale": dot / norm, "dense": _max_err(grads, ref["grads"], dense)}
+
+
+def shape_errors() -> list[str]:
+    """Messages of the errors for a mesh that does not match the world and for indivisible experts."""
+    messages = []
+    try:
+        build_mesh(ParallelConfig(replicate=1, shard=2))
+    except ValueError as exc:
+        messages.append(str(exc))
+    mesh = build_mesh(ParallelConfig(replicate=1, shard=4, expert=4))
+    try:
+        parallelize(build_model(dataclasses.replace(CFG, num_experts=6), precision="fp32"), mesh=mesh)
+    except ValueError as exc:
+        messages.append(str(exc))
+    return messages
+
+
+def world_of_four() -> dict:
+    """Everything the 4-process test checks, in one launch."""
+    return {
+        "fp32": compare_shapes([(2, 2, 2), (1, 4, 4), (2, 2, 4), (4, 1, 2), (1, 4, 1)], "fp32"),
+        "mxfp8": compare_shapes([(2, 2, 2)], "mxfp8"),
+        "naive": [naive_expert_reduction((2, 2, 2)), naive_expert_reduction((1, 4, 4))],
+        "errors": shape_errors(),
+    }
+
+
+def world_of_eight() -> dict:
+    return {"fp32": compare_shapes([(2, 4, 2), (1, 8, 4), (4, 2, 4), (2, 4, 8)], "fp32")}
+
+
+def train_steps(shape: tuple[int, int, int], steps: int) -> list[float]:
+    """Losses of `steps` parallel steps on the same batch (this rank's slice)."""
+    replicate, shard, expert = shape
+    mesh = build_mesh(ParallelConfig(replicate=replicate, shard=shard, expert=expert))
+    model = parallelize(build_model(CFG, precision="fp32", seed=0), mesh=mesh)
+    opt = build_optimizer(model, config=OPT)
+    tokens, routes = _local_batch(dist.get_world_size(), dist.get_rank())
+    return [
+        parallel_train_step(
+            model=model,
+            optimizer=opt,
+            loss_fn=lambda m: lm_loss(m, tokens, routes),
+            max_grad_norm=OPT.max_grad_norm,
+        )["loss"]
+        for _ in range(steps)
+    ]
+
+
+def reference_losses(world: int, steps: int) -> list[float]:
+    tokens, routes = global_batch(world)
+    model = build_model(CFG, precision="fp32", seed=0)
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay
+    )
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = lm_loss(model, tokens, routes)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), OPT.max_grad_norm)
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses

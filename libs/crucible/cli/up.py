@@ -19,12 +19,15 @@ if TYPE_CHECKING:
 
 
 def up(
-    nats_url: Annotated[str | None, typer.Option(help="Use this NATS server instead of starting one.")] = None,
+    nats_url: Annotated[
+        str | None, typer.Option(help="Use this NATS server instead of starting one.")
+    ] = None,
     s3_endpoint: Annotated[
         str | None, typer.Option(help="host:port of an S3 server to use instead of starting SeaweedFS.")
     ] = None,
     database_url: Annotated[
-        str | None, typer.Option(help="postgresql+asyncpg://user@host:port/db; default: SQLite in the state dir.")
+        str | None,
+        typer.Option(help="postgresql+asyncpg://user@host:port/db; default: SQLite in the state dir."),
     ] = None,
     redis_url: Annotated[str | None, typer.Option(help="Use this Redis instead of starting Valkey.")] = None,
     service: Annotated[
@@ -32,10 +35,13 @@ def up(
     ] = None,
     api_port: Annotated[int, typer.Option(help="Port of the REST API; 0 picks a free one.")] = 8000,
     state_dir: Annotated[
-        Path | None, typer.Option(help="Keep servers' data and logs here (kept on exit); default: a temp dir.")
+        Path | None,
+        typer.Option(help="Keep servers' data and logs here (kept on exit); default: a temp dir."),
     ] = None,
     keep: Annotated[bool, typer.Option(help="Keep the temp state dir on exit.")] = False,
-    ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for every service to be ready.")] = 180.0,
+    ready_timeout: Annotated[
+        float, typer.Option(help="Seconds to wait for every service to be ready.")
+    ] = 180.0,
 ) -> None:
     """Start NATS, S3, Redis and every service on this machine and run until interrupted."""
     from crucible.localstack import SERVICES, LocalStack, MigrationError, ServerStartError, ServiceError
@@ -45,10 +51,19 @@ def up(
     settings = CommonSettings()
     try:
         stack = LocalStack(
-            services=service or SERVICES, state_dir=state_dir, keep=keep, nats_url=nats_url,
-            s3_endpoint=s3_endpoint, s3_access_key=settings.s3_access_key, s3_secret_key=settings.s3_secret_key,
-            s3_bucket=settings.s3_bucket, s3_secure=settings.s3_secure, database_url=database_url,
-            redis_url=redis_url, api_port=api_port, ready_timeout_s=ready_timeout,
+            services=service or SERVICES,
+            state_dir=state_dir,
+            keep=keep,
+            nats_url=nats_url,
+            s3_endpoint=s3_endpoint,
+            s3_access_key=settings.s3_access_key,
+            s3_secret_key=settings.s3_secret_key,
+            s3_bucket=settings.s3_bucket,
+            s3_secure=settings.s3_secure,
+            database_url=database_url,
+            redis_url=redis_url,
+            api_port=api_port,
+            ready_timeout_s=ready_timeout,
         )
     except ValueError as exc:
         console.print(f"[red]crucible up: {exc}[/red]", highlight=False)

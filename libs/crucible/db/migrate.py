@@ -1,7 +1,7 @@
 """Schema migrations, run as an explicit step before services start (never at import or start-up).
 
-`upgrade(url)` is the sync entry point for the CLI; `upgrade_async` runs inside an event loop (tests,
-the local launcher). Alembic is configured in code: the scripts live in the repository's migrations/
+`upgrade(url)` is the sync entry point for the CLI (`python -m crucible.db.migrate upgrade`, see
+crucible.db.cli); `upgrade_async` runs inside an event loop (tests, the local launcher). Alembic is configured in code: the scripts live in the repository's migrations/
 folder, or wherever CRUCIBLE_MIGRATIONS_DIR points (container images copy it there).
 """
 
@@ -10,9 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 from pathlib import Path
-from typing import Annotated
-
-import typer
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -102,43 +99,7 @@ async def check_schema(engine: AsyncEngine) -> None:
         )
 
 
-def _default_url() -> str:
-    from crucible.settings import CommonSettings
-
-    return CommonSettings().database_url
-
-
-UrlOption = Annotated[str | None, typer.Option(help="Database URL; default: CRUCIBLE_DATABASE_URL.")]
-cli = typer.Typer(help="Database schema migrations.", no_args_is_help=True, add_completion=False)
-
-
-@cli.command("upgrade")
-def upgrade_cmd(revision: str = "head", url: UrlOption = None) -> None:
-    """Migrate the schema up to REVISION (default: the newest)."""
-    upgrade(url or _default_url(), revision)
-    typer.echo(f"database at {revision}")
-
-
-@cli.command("downgrade")
-def downgrade_cmd(revision: str, url: UrlOption = None) -> None:
-    """Migrate the schema down to REVISION (`base` drops every table)."""
-    downgrade(url or _default_url(), revision)
-    typer.echo(f"database at {revision}")
-
-
-@cli.command("current")
-def current_cmd(url: UrlOption = None) -> None:
-    """Print the database's schema revision and the newest one."""
-
-    async def show() -> str | None:
-        engine = make_engine(url or _default_url())
-        try:
-            return await current_revision(engine)
-        finally:
-            await engine.dispose()
-
-    typer.echo(f"current: {asyncio.run(show()) or 'none'}  head: {head_revision()}")
-
-
 if __name__ == "__main__":
+    from crucible.db.cli import cli
+
     cli()

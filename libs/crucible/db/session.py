@@ -20,7 +20,8 @@ def async_url(url: str) -> str:
         parsed = parsed.set(drivername=driver)
     elif parsed.drivername not in ASYNC_DRIVERS.values():
         raise ValueError(
-            f"unsupported database URL scheme {parsed.drivername!r}: use postgresql+asyncpg:// or sqlite+aiosqlite://"
+            f"unsupported database URL scheme {parsed.drivername!r}: "
+            "use postgresql+asyncpg:// or sqlite+aiosqlite://"
         )
     return parsed.render_as_string(hide_password=False)
 

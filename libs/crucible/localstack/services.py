@@ -57,7 +57,10 @@ class ServiceProcess:
         if self.alive():
             raise ServiceError(f"{self.name} is already running (pid {self.pid})")
         self.process = spawn(
-            argv=[sys.executable, "-m", f"services.{self.name}"], log_path=self.log_path, env=self.env, cwd=self.cwd
+            argv=[sys.executable, "-m", f"services.{self.name}"],
+            log_path=self.log_path,
+            env=self.env,
+            cwd=self.cwd,
         )
         self.starts += 1
         self.exit_seen = False
@@ -69,18 +72,11 @@ class ServiceProcess:
             return False
 
     def wait_ready(self, *, deadline: float) -> None:
-        while not self.is_ready():
-            if not self.alive():
-                raise ServiceError(
-                    f"{self.name} exited with code {self.returncode} before it was ready; "
-                    f"last log lines ({self.log_path}):\n{self.log_tail()}"
-                )
-            if time.monotonic() > deadline:
-                raise ServiceError(
-                    f"{self.name} was not ready at {self.readyz_url} in time; "
-                    f"last log lines ({self.log_path}):\n{self.log_tail()}"
-                )
-            time.sleep(0.2)
+        wait_all_ready([self], deadline=deadline)
+
+    def error(self, reason: str) -> ServiceError:
+        """A ServiceError that ends with the last lines of this service's log."""
+        return ServiceError(f"{self.name} {reason}; last log lines ({self.log_path}):\n{self.log_tail()}")
 
     def signal(self, sig: signal.Signals, *, wait_s: float = 10.0) -> int | None:
         """Send `sig`; for SIGTERM/SIGKILL wait up to `wait_s` for the exit and return the exit code."""
@@ -103,3 +99,18 @@ class ServiceProcess:
 
     def log_tail(self, *, lines: int = 30) -> str:
         return log_tail(path=self.log_path, lines=lines)
+
+
+def wait_all_ready(services: list[ServiceProcess], *, deadline: float) -> None:
+    """Wait for every service's /readyz at once, failing as soon as one of them exits."""
+    pending = list(services)
+    while pending:
+        for service in list(pending):
+            if service.is_ready():
+                pending.remove(service)
+            elif not service.alive():
+                raise service.error(f"exited with code {service.returncode} before it was ready")
+        if pending and time.monotonic() > deadline:
+            raise pending[0].error(f"was not ready at {pending[0].readyz_url} in time")
+        if pending:
+            time.sleep(0.2)

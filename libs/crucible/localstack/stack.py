@@ -2,7 +2,7 @@
 service as a supervised child process. Used by `crucible up`, `crucible demo` and the end-to-end tests.
 
     with LocalStack(api_port=0) as stack:
-        httpx.get(f"{stack.api_url}/runs")
+        httpx.get(f"{stack.api_url}/v1/runs")
         stack.kill("grader", signal.SIGKILL)
         stack.restart("grader")
 """
@@ -18,11 +18,12 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 from crucible.localstack.migrations import check_database_url, run_migrations
 from crucible.localstack.processes import LOOPBACK, free_ports, stop_processes
 from crucible.localstack.servers import Server, start_nats, start_redis, start_seaweedfs
-from crucible.localstack.services import SERVICES, ServiceProcess
+from crucible.localstack.services import SERVICES, ServiceProcess, wait_all_ready
 from crucible.settings import CommonSettings
 
 USES_DATABASE = frozenset({"catalog", "api"})
@@ -65,7 +66,12 @@ class LocalStack:
         self._state_dir_given = state_dir is not None
         self.state_dir = Path(state_dir).resolve() if state_dir is not None else None
         self._urls = {"nats": nats_url, "s3": s3_endpoint, "database": database_url, "redis": redis_url}
-        self._s3 = {"secure": s3_secure, "access_key": s3_access_key, "secret_key": s3_secret_key, "bucket": s3_bucket}
+        self._s3 = {
+            "secure": s3_secure,
+            "access_key": s3_access_key,
+            "secret_key": s3_secret_key,
+            "bucket": s3_bucket,
+        }
         self._api_port = api_port
         self._env = dict(env or {})
         self._service_env = {name: dict(extra) for name, extra in (service_env or {}).items()}
@@ -74,24 +80,28 @@ class LocalStack:
         self.servers: dict[str, Server] = {}
         self.services: dict[str, ServiceProcess] = {}
         self.settings_env: dict[str, str] = {}
-        """The CRUCIBLE_* settings every service gets (servers, keys, bucket): build CommonSettings from it."""
+        """The CRUCIBLE_* settings every service gets (servers, keys, bucket), for CommonSettings."""
         self.api_url = ""
         self._started = False
         self._dead_servers: set[str] = set()
 
-    def __enter__(self) -> LocalStack:
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.stop()
 
-    async def __aenter__(self) -> LocalStack:
+    async def __aenter__(self) -> Self:
         return await asyncio.to_thread(self.start)
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         await asyncio.to_thread(self.stop)
 
-    def start(self) -> LocalStack:
+    def start(self) -> Self:
         if self._started:
             raise RuntimeError("this LocalStack is already started")
         self._started = True
@@ -143,8 +153,14 @@ class LocalStack:
         ports = free_ports(count=len(self.service_names) + 1)
         api_port = self._api_port or ports.pop()
         self.api_url = f"http://{LOOPBACK}:{api_port}"
-        base_env = {**os.environ, **self._env, **self.settings_env, "CRUCIBLE_HTTP_HOST": LOOPBACK,
-                    "PYTHONUNBUFFERED": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+        base_env = {
+            **os.environ,
+            **self._env,
+            **self.settings_env,
+            "CRUCIBLE_HTTP_HOST": LOOPBACK,
+            "PYTHONUNBUFFERED": "1",
+            "RAY_USAGE_STATS_ENABLED": "0",
+        }
         for name, http_port in zip(self.service_names, ports, strict=False):
             env = {**base_env, "CRUCIBLE_HTTP_PORT": str(http_port)}
             if name == "api":
@@ -152,19 +168,24 @@ class LocalStack:
             env.update(self._service_env.get(name, {}))
             workdir = self.state_dir / "services" / name
             workdir.mkdir(parents=True, exist_ok=True)
-            service = ServiceProcess(name=name, env=env, http_port=http_port,
-                                     log_path=self.state_dir / "logs" / f"{name}.log", cwd=workdir)
+            service = ServiceProcess(
+                name=name,
+                env=env,
+                http_port=http_port,
+                log_path=self.state_dir / "logs" / f"{name}.log",
+                cwd=workdir,
+            )
             self.services[name] = service
             service.start()
-        deadline = time.monotonic() + self.ready_timeout_s
-        for service in self.services.values():
-            service.wait_ready(deadline=deadline)
+        wait_all_ready(list(self.services.values()), deadline=time.monotonic() + self.ready_timeout_s)
 
     def service(self, name: str) -> ServiceProcess:
         try:
             return self.services[name]
         except KeyError:
-            raise ValueError(f"service {name!r} is not part of this stack ({', '.join(self.services)})") from None
+            raise ValueError(
+                f"service {name!r} is not part of this stack ({', '.join(self.services)})"
+            ) from None
 
     def restart(self, name: str, *, timeout_s: float | None = None) -> None:
         """Stop the service if it still runs, start it again with the same settings, wait until ready."""
@@ -198,9 +219,14 @@ class LocalStack:
     def backends(self) -> list[tuple[str, str, str]]:
         """(kind, address, "embedded" or "external") for NATS, S3, Redis and the database."""
         env = self.settings_env
-        rows = [("nats", env.get("CRUCIBLE_NATS_URL", ""), "nats"), ("s3", env.get("CRUCIBLE_S3_ENDPOINT", ""), "seaweedfs"),
-                ("redis", env.get("CRUCIBLE_REDIS_URL", ""), "redis")]
-        result = [(kind, url, "embedded" if server in self.servers else "external") for kind, url, server in rows]
+        rows = [
+            ("nats", env.get("CRUCIBLE_NATS_URL", ""), "nats"),
+            ("s3", env.get("CRUCIBLE_S3_ENDPOINT", ""), "seaweedfs"),
+            ("redis", env.get("CRUCIBLE_REDIS_URL", ""), "redis"),
+        ]
+        result = [
+            (kind, url, "embedded" if server in self.servers else "external") for kind, url, server in rows
+        ]
         database = env.get("CRUCIBLE_DATABASE_URL", "")
         result.append(("database", database, "external" if self._urls["database"] else "embedded (SQLite)"))
         return result

@@ -1,9 +1,11 @@
 """Dense and grouped (per-expert) matmuls at a chosen precision.
 
-Master weights, norms and the residual stream are fp32. "bf16" casts both operands to bf16 and returns
-the bf16 product, as a bf16 GEMM would (the next fp32 op promotes it); "mxfp8" runs the emulated MX
-GEMMs (forward and both backward GEMMs) and returns fp32; "fp32" is the plain product, for tests and
-references.
+Master weights, norms and the residual stream are fp32. "bf16" rounds both operands to bf16 and returns
+the product in bf16, as a bf16 GEMM with fp32 accumulation does (the next fp32 op promotes it). On CPU
+the product itself runs in fp32 on the bf16-rounded operands: products of two bf16 values are exact in
+fp32, so the result is the same up to summation order, and CPUs without bf16 units are many times
+faster in fp32. "mxfp8" runs the emulated MX GEMMs (forward and both backward GEMMs) and returns fp32;
+"fp32" is the plain product, for tests and references.
 """
 
 from __future__ import annotations
@@ -18,15 +20,21 @@ from crucible.model.mx_gemm import mx_grouped_mm, mx_linear
 _BF16_COPIES = WeakIdKeyDictionary()
 
 
-def to_bf16(w: torch.Tensor) -> torch.Tensor:
-    """w in bf16; outside autograd the copy is kept and reused until w changes (decoding speed)."""
+def bf16_operand(t: torch.Tensor) -> torch.Tensor:
+    """t rounded to bf16, held in the dtype the bf16 product runs in on t's device."""
+    t = t.to(torch.bfloat16)
+    return t.float() if t.device.type == "cpu" else t
+
+
+def bf16_weight(w: torch.Tensor) -> torch.Tensor:
+    """bf16_operand(w); outside autograd the copy is kept and reused until w changes (decoding speed)."""
     if torch.is_grad_enabled() and w.requires_grad:
-        return w.to(torch.bfloat16)
+        return bf16_operand(w)
     key = (w._version, w.data_ptr())
     hit = _BF16_COPIES.get(w)
     if hit is not None and hit[0] == key:
         return hit[1]
-    copy = w.detach().to(torch.bfloat16)
+    copy = bf16_operand(w.detach())
     _BF16_COPIES[w] = (key, copy)
     return copy
 
@@ -42,7 +50,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, precision: str) -> torch.Tensor:
     if precision == "fp32":
         return F.linear(x, w)
     if precision == "bf16":
-        return F.linear(x.to(torch.bfloat16), to_bf16(w))
+        return F.linear(bf16_operand(x), bf16_weight(w)).to(torch.bfloat16)
     if precision == "mxfp8":
         return mx_linear(x, w)
     raise ValueError(f"unknown precision {precision!r}")
@@ -55,10 +63,9 @@ def grouped_linear(x_MK: torch.Tensor, w_ENK: torch.Tensor, counts: list[int], *
     if precision == "mxfp8":
         return mx_grouped_mm(x_MK, w_ENK, counts)
     if precision == "bf16":
-        x_MK, w_ENK = x_MK.to(torch.bfloat16), to_bf16(w_ENK)
+        x_MK, w_ENK = bf16_operand(x_MK), bf16_weight(w_ENK)
     elif precision != "fp32":
         raise ValueError(f"unknown precision {precision!r}")
     out = [F.linear(g, w_ENK[e]) for e, g in enumerate(x_MK.split(counts)) if counts[e]]
-    if not out:
-        return x_MK.new_zeros(0, w_ENK.shape[1])
-    return torch.cat(out)
+    y = torch.cat(out) if out else x_MK.new_zeros(0, w_ENK.shape[1])
+    return y.to(torch.bfloat16) if precision == "bf16" else y

@@ -62,12 +62,11 @@ def quantize_mxfp8(x: torch.Tensor, *, block_size: int = 32, dim: int = -1) -> t
     shape except `dim`, which is divided by the block size.
     """
     dim = _check(x, block_size, dim)
-    xt = x.movedim(dim, -1).to(torch.float32)
-    lead = xt.shape[:-1]
-    blocks = xt.reshape(*lead, xt.shape[-1] // block_size, block_size)
-    finite = torch.isfinite(blocks).all(dim=-1)
-    amax = torch.where(finite, blocks.abs().amax(dim=-1), torch.zeros((), device=x.device))
-    exp = rceil_exponent(amax)
+    xt = x.movedim(dim, -1).to(torch.float32).contiguous()
+    blocks = xt.view(*xt.shape[:-1], xt.shape[-1] // block_size, block_size)
+    amax = blocks.abs().amax(dim=-1)  # NaN and Inf propagate
+    finite = torch.isfinite(amax)
+    exp = rceil_exponent(torch.where(finite, amax, 0.0))
     scaled = blocks * pow2(-exp).unsqueeze(-1)
     data = scaled.to(torch.float8_e4m3fn).view(torch.uint8)
     data = torch.where(finite.unsqueeze(-1), data, torch.full_like(data, _E4M3_NAN))

@@ -1,0 +1,33 @@
+"""Parallel training of the policy: meshes, expert parallelism, HSDP, worker groups (local or Ray)."""
+
+from crucible.parallel.data import apply_fsdp, full_grads, full_state_dict
+from crucible.parallel.expert import ExpertParallelMoE, apply_expert_parallel
+from crucible.parallel.launch import run_local, run_ray
+from crucible.parallel.mesh import ParallelConfig, ParallelMesh, build_mesh
+from crucible.parallel.train import (
+    OptimizerConfig,
+    all_reduce_router_loads,
+    build_optimizer,
+    clip_grad_norm_,
+    parallel_train_step,
+    parallelize,
+)
+
+__all__ = [
+    "ExpertParallelMoE",
+    "OptimizerConfig",
+    "ParallelConfig",
+    "ParallelMesh",
+    "all_reduce_router_loads",
+    "apply_expert_parallel",
+    "apply_fsdp",
+    "build_mesh",
+    "build_optimizer",
+    "clip_grad_norm_",
+    "full_grads",
+    "full_state_dict",
+    "parallel_train_step",
+    "parallelize",
+    "run_local",
+    "run_ray",
+]

@@ -17,59 +17,33 @@ from __future__ import annotations
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor, Shard
 from torch import nn
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
-from crucible.model.moe import GroupedExperts
 from crucible.model.transformer import Transformer
-from crucible.parallel.expert import EXPERT_WEIGHTS, ExpertParallelMoE, gather_experts
+from crucible.parallel.expert import ExpertParallelMoE, expert_weight_owners, gather_experts
 from crucible.parallel.mesh import ParallelMesh
 
 
-def _expert_placement(*, local_experts: int, shard: int):
-    """Shard along E when every rank of the shard group gets an expert, else along the next dimension."""
-
-    def placement(param: nn.Parameter) -> Shard | None:
-        if local_experts >= shard or param.shape[1] % shard:
-            return None
-        return Shard(1)
-
-    return placement
-
-
 def apply_fsdp(model: Transformer, *, mesh: ParallelMesh, reshard_after_forward: bool = True) -> None:
-    """Shard the model in place: experts over the expert-data mesh, blocks and the rest over the dense mesh."""
+    """Shard in place: experts over the expert-data mesh, blocks and the rest over the dense mesh."""
     config = mesh.config
-    sum_only = dist.get_backend() == dist.Backend.GLOO
-    sharded: list[FSDPModule] = []
+    gloo = dist.get_backend() == dist.Backend.GLOO
     for moe in model.moe_layers:
-        local = moe.experts.w1_EFD.shape[0]
-        fully_shard(
-            moe.experts,
-            mesh=mesh.expert_data,
-            reshard_after_forward=reshard_after_forward,
-            shard_placement_fn=_expert_placement(local_experts=local, shard=config.expert_shard),
-        )
+        fully_shard(moe.experts, mesh=mesh.expert_data, reshard_after_forward=reshard_after_forward)
         moe.experts.set_gradient_divide_factor(float(config.world_size))
-        sharded.append(moe.experts)
+        # Gloo lacks AVG and pre-multiplied sums, so reductions must be plain sums divided afterwards; but
+        # with a one-rank shard group FSDP already divides while copying and would divide twice. That
+        # path needs no forced sums: its only collective is the replicate all-reduce, a SUM anyway.
+        moe.experts.set_force_sum_reduction_for_comms(gloo and config.expert_shard > 1)
     for block in model.layers:
         fully_shard(block, mesh=mesh.dense, reshard_after_forward=reshard_after_forward)
-        sharded.append(block)
     fully_shard(model, mesh=mesh.dense)
-    sharded.append(model)
-    if sum_only:
-        for module in sharded:
-            module.set_force_sum_reduction_for_comms(True)
-
-
-def _expert_owners(model: nn.Module) -> dict[str, ExpertParallelMoE]:
-    owners = {}
-    for prefix, module in model.named_modules():
-        if isinstance(module, ExpertParallelMoE):
-            for name in EXPERT_WEIGHTS:
-                owners[f"{prefix}.experts.{name}"] = module
-    return owners
+    if gloo:
+        for block in model.layers:
+            block.set_force_sum_reduction_for_comms(True)
+        model.set_force_sum_reduction_for_comms(True)
 
 
 def _full(tensor: torch.Tensor, owner: ExpertParallelMoE | None) -> torch.Tensor:
@@ -81,21 +55,15 @@ def _full(tensor: torch.Tensor, owner: ExpertParallelMoE | None) -> torch.Tensor
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """The unsharded state dict (all experts, same keys as the plain model's) on every rank."""
-    owners = _expert_owners(model)
+    owners = expert_weight_owners(model)
     return {name: _full(value, owners.get(name)) for name, value in model.state_dict().items()}
 
 
 def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded gradients of every parameter that has one, by name, on every rank."""
-    owners = _expert_owners(model)
+    owners = expert_weight_owners(model)
     return {
         name: _full(param.grad, owners.get(name))
         for name, param in model.named_parameters()
         if param.grad is not None
     }
-
-
-def is_expert_param(model: nn.Module, name: str) -> bool:
-    """Whether a parameter name belongs to grouped experts (sharded over the expert-data mesh)."""
-    module_name = name.rsplit(".", 1)[0]
-    return isinstance(model.get_submodule(module_name), GroupedExperts)

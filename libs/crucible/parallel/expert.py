@@ -35,7 +35,9 @@ def _inverse(perm: torch.Tensor) -> torch.Tensor:
     return inv
 
 
-def _all_to_all(x: torch.Tensor, *, recv: list[int], send: list[int], group: dist.ProcessGroup) -> torch.Tensor:
+def all_to_all_rows(
+    x: torch.Tensor, *, recv: list[int], send: list[int], group: dist.ProcessGroup
+) -> torch.Tensor:
     """Rows of x, `send[r]` of them to rank r; returns `recv[r]` rows from each rank r, in rank order."""
     out = funcol.all_to_all_single_autograd(x.contiguous(), recv, send, group)
     return funcol.wait_tensor(out) if isinstance(out, funcol.AsyncCollectiveTensor) else out
@@ -67,14 +69,14 @@ class ExpertParallelMoE(MoE):
         send = send_counts_E.view(P, L).sum(dim=1).tolist()
         recv = recv_counts_PL.sum(dim=1).tolist()
 
-        x_recv = _all_to_all(x_ND[order // K], recv=recv, send=send, group=self.ep_group)
+        x_recv = all_to_all_rows(x_ND[order // K], recv=recv, send=send, group=self.ep_group)
         expert_of_row = torch.repeat_interleave(
             torch.arange(L, device=flat.device).repeat(P), recv_counts_PL.flatten()
         )
         by_expert = torch.argsort(expert_of_row, stable=True)
         y_recv = self._run_local_experts(x_recv[by_expert], recv_counts_PL.sum(dim=0).tolist())
         y_recv = y_recv[_inverse(by_expert)]
-        y_sorted = _all_to_all(y_recv, recv=send, send=recv, group=self.ep_group)
+        y_sorted = all_to_all_rows(y_recv, recv=send, send=recv, group=self.ep_group)
 
         y_flat = y_sorted[_inverse(order)]
         return (y_flat.view(N, K, -1) * weights_NK.unsqueeze(-1)).sum(dim=1)
@@ -106,12 +108,22 @@ def apply_expert_parallel(model: Transformer, *, mesh: ParallelMesh) -> None:
     group, ep_rank = mesh.expert_group, mesh.expert_rank
     for moe in model.moe_layers:
         if isinstance(moe, ExpertParallelMoE):
-            raise ValueError("expert parallelism is already applied to this model")
+            raise TypeError("expert parallelism is already applied to this model")
         config.check_experts(moe.num_experts)
         local = moe.num_experts // config.expert
         _shard_experts(moe.experts, ep_rank=ep_rank, local=local)
         moe.__class__ = ExpertParallelMoE
         moe.ep_group, moe.ep_size, moe.ep_rank = group, config.expert, ep_rank
+
+
+def expert_weight_owners(model: nn.Module) -> dict[str, ExpertParallelMoE]:
+    """Names of the parameters that hold only this rank's experts, with the layer that knows their group."""
+    owners = {}
+    for prefix, module in model.named_modules():
+        if isinstance(module, ExpertParallelMoE):
+            for name in EXPERT_WEIGHTS:
+                owners[f"{prefix}.experts.{name}"] = module
+    return owners
 
 
 def gather_experts(local: torch.Tensor, *, moe: ExpertParallelMoE) -> torch.Tensor:

@@ -34,16 +34,26 @@ def _default_backend(use_gpu: bool) -> str:
 
 
 def init_worker(
-    *, rank: int, world_size: int, master_addr: str, master_port: int, backend: str, timeout_s: float,
-    threads: int | None = None, device_index: int | None = None,
+    *,
+    rank: int,
+    world_size: int,
+    master_addr: str,
+    master_port: int,
+    backend: str,
+    timeout_s: float,
+    threads: int | None = None,
+    device_index: int | None = None,
 ) -> None:
     """Join the process group as `rank` (environment variables set the same way torchrun does)."""
     import torch
     import torch.distributed as dist
 
     os.environ.update(
-        MASTER_ADDR=master_addr, MASTER_PORT=str(master_port), RANK=str(rank),
-        WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank if device_index is None else device_index),
+        MASTER_ADDR=master_addr,
+        MASTER_PORT=str(master_port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank if device_index is None else device_index),
     )
     if threads:
         torch.set_num_threads(threads)
@@ -52,20 +62,59 @@ def init_worker(
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
 
 
-def _local_worker(rank: int, world_size: int, port: int, backend: str, timeout_s: float, threads: int,
-                  fn: Callable[..., Any], args: tuple, results: Any) -> None:
+def _local_worker(
+    rank: int,
+    world_size: int,
+    port: int,
+    backend: str,
+    timeout_s: float,
+    threads: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    results: Any,
+) -> None:
     import torch.distributed as dist
 
     try:
-        device = rank if backend == "nccl" else None
-        init_worker(rank=rank, world_size=world_size, master_addr=LOOPBACK, master_port=port,
-                    backend=backend, timeout_s=timeout_s, threads=threads, device_index=device)
+        init_worker(
+            rank=rank,
+            world_size=world_size,
+            master_addr=LOOPBACK,
+            master_port=port,
+            backend=backend,
+            timeout_s=timeout_s,
+            threads=threads,
+            device_index=rank if backend == "nccl" else None,
+        )
+    except Exception:  # noqa: BLE001 - any failure is sent to the parent with its traceback
+        results.put((rank, False, (time.time(), traceback.format_exc())))
+        return
+    try:
+        results.put((rank, True, fn(*args)))
+    except Exception:  # noqa: BLE001
+        # Stamped before the group is torn down, which makes the peers fail a moment later.
+        results.put((rank, False, (time.time(), traceback.format_exc())))
+    finally:
+        dist.destroy_process_group()
+
+
+def _first_failure(
+    results: Any, first: tuple[int, tuple[float, str]], *, grace_s: float = 2.0
+) -> RuntimeError:
+    """The earliest failure: once one rank fails its peers fail too (lost connections), maybe sooner."""
+    failures = dict([first])
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
         try:
-            results.put((rank, True, fn(*args)))
-        finally:
-            dist.destroy_process_group()
-    except BaseException:
-        results.put((rank, False, traceback.format_exc()))
+            rank, ok, value = results.get(timeout=0.1)
+        except queue.Empty:
+            continue
+        if not ok:
+            failures[rank] = value
+    rank = min(failures, key=lambda r: failures[r][0])
+    others = sorted(set(failures) - {rank})
+    also = f" (then ranks {others} failed too)" if others else ""
+    return RuntimeError(f"rank {rank} failed{also}:\n{failures[rank][1]}")
 
 
 def _stop(processes: Sequence[Any]) -> None:
@@ -80,8 +129,13 @@ def _stop(processes: Sequence[Any]) -> None:
 
 
 def run_local(
-    fn: Callable[..., Any], *, world_size: int, args: tuple = (), backend: str | None = None,
-    timeout_s: float = 300.0, threads_per_process: int | None = None,
+    fn: Callable[..., Any],
+    *,
+    world_size: int,
+    args: tuple = (),
+    backend: str | None = None,
+    timeout_s: float = 300.0,
+    threads_per_process: int | None = None,
 ) -> list[Any]:
     """Run `fn(*args)` on `world_size` local processes; returns the results by rank.
 
@@ -101,7 +155,10 @@ def run_local(
     results = ctx.Queue()
     port = free_port()
     processes = [
-        ctx.Process(target=_local_worker, args=(rank, world_size, port, backend, timeout_s, threads, fn, args, results))
+        ctx.Process(
+            target=_local_worker,
+            args=(rank, world_size, port, backend, timeout_s, threads, fn, args, results),
+        )
         for rank in range(world_size)
     ]
     for p in processes:
@@ -113,14 +170,20 @@ def run_local(
             try:
                 rank, ok, value = results.get(timeout=0.5)
             except queue.Empty:
-                dead = [i for i, p in enumerate(processes) if p.exitcode not in (None, 0) and i not in outputs]
+                dead = [
+                    i for i, p in enumerate(processes) if p.exitcode not in (None, 0) and i not in outputs
+                ]
                 if dead:
-                    raise RuntimeError(f"rank {dead[0]} exited with code {processes[dead[0]].exitcode}") from None
+                    raise RuntimeError(
+                        f"rank {dead[0]} exited with code {processes[dead[0]].exitcode}"
+                    ) from None
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"run_local: {world_size} ranks did not finish in {timeout_s:.0f}s") from None
+                    raise TimeoutError(
+                        f"run_local: {world_size} ranks did not finish in {timeout_s:.0f}s"
+                    ) from None
                 continue
             if not ok:
-                raise RuntimeError(f"rank {rank} failed:\n{value}")
+                raise _first_failure(results, (rank, value))
             outputs[rank] = value
         for p in processes:
             p.join(timeout=30)
@@ -141,11 +204,20 @@ class _RayWorker:
         host = ray.util.get_node_ip_address()
         return host, free_port(host)
 
-    def run(self, fn: Callable[..., Any], args: tuple, master: tuple[str, int], backend: str, timeout_s: float) -> Any:
+    def run(
+        self, fn: Callable[..., Any], args: tuple, master: tuple[str, int], backend: str, timeout_s: float
+    ) -> Any:
         import torch.distributed as dist
 
-        init_worker(rank=self.rank, world_size=self.world_size, master_addr=master[0], master_port=master[1],
-                    backend=backend, timeout_s=timeout_s, threads=1)
+        init_worker(
+            rank=self.rank,
+            world_size=self.world_size,
+            master_addr=master[0],
+            master_port=master[1],
+            backend=backend,
+            timeout_s=timeout_s,
+            threads=1,
+        )
         try:
             return fn(*args)
         finally:
@@ -161,14 +233,27 @@ def start_local_ray(*, num_cpus: int, num_gpus: int = 0, object_store_mb: int = 
 
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     ray.init(
-        num_cpus=num_cpus, num_gpus=num_gpus, include_dashboard=False, _node_ip_address=LOOPBACK,
-        object_store_memory=object_store_mb * 1024 * 1024, log_to_driver=False,
-        runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "RAY_USAGE_STATS_ENABLED": "0"}},
+        num_cpus=num_cpus,
+        num_gpus=num_gpus,
+        include_dashboard=False,
+        _node_ip_address=LOOPBACK,
+        object_store_memory=object_store_mb * 1024 * 1024,
+        log_to_driver=False,
+        runtime_env={
+            "env_vars": {
+                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+                "RAY_USAGE_STATS_ENABLED": "0",
+            }
+        },
     )
 
 
 def run_ray(
-    fn: Callable[..., Any], *, world_size: int, args: tuple = (), use_gpu: bool | None = None,
+    fn: Callable[..., Any],
+    *,
+    world_size: int,
+    args: tuple = (),
+    use_gpu: bool | None = None,
     timeout_s: float = 600.0,
 ) -> list[Any]:
     """Run `fn(*args)` on a Ray worker group of `world_size` actors; returns the results by rank.
@@ -200,7 +285,8 @@ def run_ray(
         worker_cls = ray.remote(_RayWorker)
         actors = [
             worker_cls.options(
-                num_cpus=1, num_gpus=1 if use_gpu else 0,
+                num_cpus=1,
+                num_gpus=1 if use_gpu else 0,
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
                     placement_group=group, placement_group_bundle_index=rank
                 ),

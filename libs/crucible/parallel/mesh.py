@@ -47,7 +47,7 @@ class ParallelConfig:
 
     @property
     def expert_shard(self) -> int:
-        """FSDP shard size of the expert weights: the rest of a shard group once the expert group is cut out."""
+        """FSDP shard size of the experts: what is left of a shard group once the expert group is cut out."""
         return self.shard // self.expert if self.shard % self.expert == 0 else 1
 
     @property
@@ -69,7 +69,7 @@ class ParallelMesh:
 
     @property
     def expert_data(self) -> DeviceMesh:
-        """(expert_replicate, expert_shard): FSDP2 HSDP of this rank's experts among ranks holding the same ones."""
+        """(expert_replicate, expert_shard): HSDP of this rank's experts among the ranks holding the same ones."""
         return self.experts["expert_replicate", "expert_shard"]
 
     @property

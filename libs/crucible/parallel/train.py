@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from crucible.model.transformer import Transformer
-from crucible.parallel.data import _expert_owners, apply_fsdp
-from crucible.parallel.expert import apply_expert_parallel
+from crucible.parallel.data import apply_fsdp
+from crucible.parallel.expert import apply_expert_parallel, expert_weight_owners
 from crucible.parallel.mesh import ParallelMesh
 
 
@@ -41,8 +41,12 @@ def parallelize(model: Transformer, *, mesh: ParallelMesh) -> Transformer:
 def build_optimizer(model: Transformer, *, config: OptimizerConfig) -> torch.optim.AdamW:
     # foreach kernels take one mesh at a time; dense and expert shards live on two meshes.
     return torch.optim.AdamW(
-        model.parameters(), lr=config.lr, betas=config.betas, eps=config.eps,
-        weight_decay=config.weight_decay, foreach=False,
+        model.parameters(),
+        lr=config.lr,
+        betas=config.betas,
+        eps=config.eps,
+        weight_decay=config.weight_decay,
+        foreach=False,
     )
 
 
@@ -52,7 +56,7 @@ def clip_grad_norm_(model: Transformer, *, max_norm: float) -> float:
     Gradients sharded on different meshes are measured mesh by mesh; an expert weight's norm covers only
     this rank's experts, so squared expert norms are also summed over the expert group.
     """
-    owners = _expert_owners(model)
+    owners = expert_weight_owners(model)
     groups: dict[tuple[int, int], tuple[dist.ProcessGroup | None, list[torch.Tensor]]] = {}
     for name, param in model.named_parameters():
         if param.grad is None:
@@ -75,7 +79,8 @@ def clip_grad_norm_(model: Transformer, *, max_norm: float) -> float:
         coef = max_norm / (total + 1e-6)
         if coef < 1.0:
             for _, grads in groups.values():
-                torch._foreach_mul_(grads, coef)
+                for grad in grads:
+                    grad.mul_(coef)
     return total
 
 

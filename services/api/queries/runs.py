@@ -25,15 +25,24 @@ async def list_runs(
     if status is not None:
         stmt = stmt.where(Run.status == status)
     rows, next_cursor = await paginate(
-        session=session, stmt=stmt, keys=[Run.created_at, Run.run_id], cursor=cursor, limit=limit, descending=True
+        session=session,
+        stmt=stmt,
+        keys=[Run.created_at, Run.run_id],
+        cursor=cursor,
+        limit=limit,
+        descending=True,
     )
     return Page[RunOut](items=[RunOut.model_validate(r[0]) for r in rows], next_cursor=next_cursor)
 
 
-async def list_steps(*, session: AsyncSession, run_id: str, limit: int, cursor: str | None = None) -> Page[StepOut]:
+async def list_steps(
+    *, session: AsyncSession, run_id: str, limit: int, cursor: str | None = None
+) -> Page[StepOut]:
     await require_run(session, run_id)
     stmt = select(Step).where(Step.run_id == run_id)
-    rows, next_cursor = await paginate(session=session, stmt=stmt, keys=[Step.step], cursor=cursor, limit=limit)
+    rows, next_cursor = await paginate(
+        session=session, stmt=stmt, keys=[Step.step], cursor=cursor, limit=limit
+    )
     return Page[StepOut](items=[StepOut.model_validate(r[0]) for r in rows], next_cursor=next_cursor)
 
 
@@ -46,7 +55,9 @@ async def metric_series(*, session: AsyncSession, run_id: str, names: list[str] 
         for name, value in step.metrics.items():
             numeric = isinstance(value, int | float) and not isinstance(value, bool)
             if numeric and (names is None or name in names):
-                series.setdefault(name, []).append(MetricPoint(step=step.step, version=step.version, value=value))
+                series.setdefault(name, []).append(
+                    MetricPoint(step=step.step, version=step.version, value=value)
+                )
     return MetricsOut(run_id=run_id, series=series)
 
 
@@ -58,4 +69,6 @@ async def list_checkpoints(
     rows, next_cursor = await paginate(
         session=session, stmt=stmt, keys=[Checkpoint.version], cursor=cursor, limit=limit
     )
-    return Page[CheckpointOut](items=[CheckpointOut.model_validate(r[0]) for r in rows], next_cursor=next_cursor)
+    return Page[CheckpointOut](
+        items=[CheckpointOut.model_validate(r[0]) for r in rows], next_cursor=next_cursor
+    )

@@ -66,7 +66,9 @@ async def list_trajectories(
     if filters.task_id is not None:
         stmt = stmt.where(Trajectory.task_id == filters.task_id)
     if filters.version is not None:
-        stmt = stmt.where(Trajectory.version_min <= filters.version, Trajectory.version_max >= filters.version)
+        stmt = stmt.where(
+            Trajectory.version_min <= filters.version, Trajectory.version_max >= filters.version
+        )
     if filters.finish_reason is not None:
         stmt = stmt.where(Trajectory.finish_reason == filters.finish_reason)
     rows, next_cursor = await paginate(
@@ -88,7 +90,9 @@ async def get_trajectory(*, session: AsyncSession, trajectory_id: str) -> Trajec
     if row is None:
         raise NotFound(f"trajectory {trajectory_id!r} not found")
     steps = await session.scalars(
-        select(StepTrajectory.step).where(StepTrajectory.trajectory_id == trajectory_id).order_by(StepTrajectory.step)
+        select(StepTrajectory.step)
+        .where(StepTrajectory.trajectory_id == trajectory_id)
+        .order_by(StepTrajectory.step)
     )
     graded = decode(row[0].payload, GradedTrajectory)
     traj = graded.trajectory

@@ -20,12 +20,18 @@ async def get_trajectories(
     min_reward: float | None = None,
     max_reward: float | None = None,
     task_id: str | None = None,
-    version: Annotated[int | None, Query(ge=0, description="Has agent tokens from this policy version.")] = None,
+    version: Annotated[
+        int | None, Query(ge=0, description="Has agent tokens from this policy version.")
+    ] = None,
     finish_reason: str | None = None,
 ) -> Page[TrajectorySummary]:
     """A run's graded trajectories, newest first."""
     filters = queries.TrajectoryFilter(
-        min_reward=min_reward, max_reward=max_reward, task_id=task_id, version=version, finish_reason=finish_reason
+        min_reward=min_reward,
+        max_reward=max_reward,
+        task_id=task_id,
+        version=version,
+        finish_reason=finish_reason,
     )
     return await queries.list_trajectories(
         session=session, run_id=run_id, limit=limit, cursor=cursor, filters=filters

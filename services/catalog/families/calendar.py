@@ -31,7 +31,11 @@ def $is_leap(year):
     return year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
 ''',
     mutations=(
-        Mutation(kind="boolean", find="(year % 100 != 0 or year % 400 == 0)", replace="(year % 100 != 0 and year % 400 == 0)"),
+        Mutation(
+            kind="boolean",
+            find="(year % 100 != 0 or year % 400 == 0)",
+            replace="(year % 100 != 0 and year % 400 == 0)",
+        ),
         Mutation(kind="comparison", find="year % 100 != 0", replace="year % 100 == 0"),
         Mutation(kind="wrong_constant", find="year % 400 == 0", replace="year % 200 == 0"),
     ),
@@ -65,8 +69,14 @@ def $days_in_month(year, month):
             replace="(31, 28, 31, 30, 31, 30, 31, 30, 31, 30, 31, 30)",
         ),
     ),
-    probes=lambda rng: [call("days_in_month", rng.choice(_YEARS), m) for m in rng.sample(range(1, 13), 6)]
-    + [call("days_in_month", rng.choice((2000, 2024)), 2), call("days_in_month", 2023, 12), call("days_in_month", 2023, 13)],
+    probes=lambda rng: (
+        [call("days_in_month", rng.choice(_YEARS), m) for m in rng.sample(range(1, 13), 6)]
+        + [
+            call("days_in_month", rng.choice((2000, 2024)), 2),
+            call("days_in_month", 2023, 12),
+            call("days_in_month", 2023, 13),
+        ]
+    ),
 )
 
 DAY_OF_YEAR = Unit(
@@ -118,7 +128,9 @@ def $ordinal(date):
     y = year - 1
     return y * 365 + y // 4 - y // 100 + y // 400 + $day_of_year(year, month, day)
 ''',
-    mutations=(Mutation(kind="wrong_operator", find="- y // 100 + y // 400", replace="+ y // 100 - y // 400"),),
+    mutations=(
+        Mutation(kind="wrong_operator", find="- y // 100 + y // 400", replace="+ y // 100 - y // 400"),
+    ),
     probes=lambda rng: [call("ordinal", d) for d in _dates(rng)],
 )
 
@@ -133,7 +145,9 @@ def $days_between(a, b):
     """Days from date a to date b (negative if b comes first)."""
     return $ordinal(b) - $ordinal(a)
 ''',
-    mutations=(Mutation(kind="swapped_args", find="$ordinal(b) - $ordinal(a)", replace="$ordinal(a) - $ordinal(b)"),),
+    mutations=(
+        Mutation(kind="swapped_args", find="$ordinal(b) - $ordinal(a)", replace="$ordinal(a) - $ordinal(b)"),
+    ),
     probes=lambda rng: [call("days_between", a, b) for a, b in zip(_dates(rng), _dates(rng))],
 )
 
@@ -159,8 +173,10 @@ def $add_days(date, days):
     return (year, month, day)
 ''',
     mutations=(),
-    probes=lambda rng: [call("add_days", d, rng.choice([0, 1, 30, 59, 365, rng.randint(2, 400)])) for d in _dates(rng)]
-    + [call("add_days", (2023, 1, 1), -1)],
+    probes=lambda rng: (
+        [call("add_days", d, rng.choice([0, 1, 30, 59, 365, rng.randint(2, 400)])) for d in _dates(rng)]
+        + [call("add_days", (2023, 1, 1), -1)]
+    ),
 )
 
 WEEKDAY = Unit(
@@ -177,7 +193,9 @@ def $weekday(date):
     """The English name of the day of the week of a date."""
     return _DAY_NAMES[($ordinal(date) + 6) % 7]
 ''',
-    mutations=(Mutation(kind="wrong_constant", find="($ordinal(date) + 6) % 7", replace="($ordinal(date) + 7) % 7"),),
+    mutations=(
+        Mutation(kind="wrong_constant", find="($ordinal(date) + 6) % 7", replace="($ordinal(date) + 7) % 7"),
+    ),
     probes=lambda rng: [call("weekday", d) for d in _dates(rng)],
 )
 

@@ -39,7 +39,9 @@ def $overlaps(a, b):
     return a[0] < b[1] and b[0] < a[1]
 ''',
     mutations=(
-        Mutation(kind="comparison", find="a[0] < b[1] and b[0] < a[1]", replace="a[0] <= b[1] and b[0] <= a[1]"),
+        Mutation(
+            kind="comparison", find="a[0] < b[1] and b[0] < a[1]", replace="a[0] <= b[1] and b[0] <= a[1]"
+        ),
         Mutation(kind="boolean", find="a[0] < b[1] and b[0]", replace="a[0] < b[1] or b[0]"),
     ),
     probes=lambda rng: [call("overlaps", a, b) for a, b in _pairs(rng)],
@@ -70,10 +72,18 @@ def $length(interval):
     return max(0, interval[1] - interval[0])
 ''',
     mutations=(
-        Mutation(kind="missing_edge_case", find="max(0, interval[1] - interval[0])", replace="interval[1] - interval[0]"),
-        Mutation(kind="off_by_one", find="interval[1] - interval[0])", replace="interval[1] - interval[0] + 1)"),
+        Mutation(
+            kind="missing_edge_case",
+            find="max(0, interval[1] - interval[0])",
+            replace="interval[1] - interval[0]",
+        ),
+        Mutation(
+            kind="off_by_one", find="interval[1] - interval[0])", replace="interval[1] - interval[0] + 1)"
+        ),
     ),
-    probes=lambda rng: [call("length", _interval(rng)) for _ in range(4)] + [call("length", (5, 5)), call("length", (7, 3))],
+    probes=lambda rng: (
+        [call("length", _interval(rng)) for _ in range(4)] + [call("length", (5, 5)), call("length", (7, 3))]
+    ),
 )
 
 INTERSECTION = Unit(
@@ -116,9 +126,15 @@ def $merge(intervals):
 ''',
     mutations=(
         Mutation(kind="missing_edge_case", find="max(merged[-1][1], end)", replace="end"),
-        Mutation(kind="missing_edge_case", find="for start, end in sorted(intervals):", replace="for start, end in intervals:"),
+        Mutation(
+            kind="missing_edge_case",
+            find="for start, end in sorted(intervals):",
+            replace="for start, end in intervals:",
+        ),
     ),
-    probes=lambda rng: [call("merge", ivs) for ivs in (_intervals(rng) for _ in range(6))] + [call("merge", [])],
+    probes=lambda rng: (
+        [call("merge", ivs) for ivs in (_intervals(rng) for _ in range(6))] + [call("merge", [])]
+    ),
 )
 
 CLIP = Unit(
@@ -138,7 +154,10 @@ def $clip(intervals, lo, hi):
     return kept
 ''',
     mutations=(Mutation(kind="swapped_args", find="(interval, (lo, hi))", replace="(interval, (hi, lo))"),),
-    probes=lambda rng: [call("clip", _intervals(rng), lo, lo + rng.randint(3, 12)) for lo in (rng.randint(0, 10) for _ in range(6))],
+    probes=lambda rng: [
+        call("clip", _intervals(rng), lo, lo + rng.randint(3, 12))
+        for lo in (rng.randint(0, 10) for _ in range(6))
+    ],
 )
 
 OVERLAPPING = Unit(
@@ -152,7 +171,11 @@ def $overlapping(intervals, query):
     """The intervals (in input order) that overlap the query interval."""
     return [interval for interval in intervals if $overlaps(interval, query)]
 ''',
-    mutations=(Mutation(kind="boolean", find="if $overlaps(interval, query)", replace="if not $overlaps(interval, query)"),),
+    mutations=(
+        Mutation(
+            kind="boolean", find="if $overlaps(interval, query)", replace="if not $overlaps(interval, query)"
+        ),
+    ),
     probes=lambda rng: [call("overlapping", _intervals(rng), _interval(rng)) for _ in range(6)],
 )
 
@@ -196,7 +219,9 @@ def $gaps(intervals, lo, hi):
         Mutation(kind="comparison", find="if start > cursor:", replace="if start >= cursor:"),
         Mutation(kind="missing_edge_case", find="cursor = max(cursor, end)", replace="cursor = end"),
     ),
-    probes=lambda rng: [call("gaps", _intervals(rng), rng.choice([0, 4, 8]), rng.choice([20, 25, 30])) for _ in range(7)],
+    probes=lambda rng: [
+        call("gaps", _intervals(rng), rng.choice([0, 4, 8]), rng.choice([20, 25, 30])) for _ in range(7)
+    ],
 )
 
 COVERAGE = Unit(
@@ -213,8 +238,13 @@ def $coverage(intervals, lo, hi):
     covered = sum($length(interval) for interval in $merge($clip(intervals, lo, hi)))
     return round(covered / (hi - lo), 4)
 ''',
-    mutations=(Mutation(kind="swapped_args", find="$clip(intervals, lo, hi)", replace="$clip(intervals, hi, lo)"),),
-    probes=lambda rng: [call("coverage", _intervals(rng), lo, lo + rng.randint(4, 16)) for lo in (rng.randint(0, 8) for _ in range(6))],
+    mutations=(
+        Mutation(kind="swapped_args", find="$clip(intervals, lo, hi)", replace="$clip(intervals, hi, lo)"),
+    ),
+    probes=lambda rng: [
+        call("coverage", _intervals(rng), lo, lo + rng.randint(4, 16))
+        for lo in (rng.randint(0, 8) for _ in range(6))
+    ],
 )
 
 BUSIEST = Unit(
@@ -240,5 +270,17 @@ INTERVALS = Family(
     description="Half-open integer intervals (start, end): overlaps, merging, coverage and gaps.",
     packages=("spans", "rangekit", "timeline", "slotter", "intervalia"),
     topics=("intervals", "ranges", "schedule"),
-    units=(OVERLAPS, TOUCHES, LENGTH, INTERSECTION, MERGE, CLIP, OVERLAPPING, TOTAL_COVERED, GAPS, COVERAGE, BUSIEST),
+    units=(
+        OVERLAPS,
+        TOUCHES,
+        LENGTH,
+        INTERSECTION,
+        MERGE,
+        CLIP,
+        OVERLAPPING,
+        TOTAL_COVERED,
+        GAPS,
+        COVERAGE,
+        BUSIEST,
+    ),
 )

@@ -43,7 +43,9 @@ def $split_fields(text, sep):
     return [part.strip() for part in text.split(sep) if part.strip()]
 ''',
     mutations=(Mutation(kind="missing_edge_case", find="if part.strip()]", replace="if part]"),),
-    probes=lambda rng: [call("split_fields", _ranges(rng), ",") for _ in range(4)] + [call("split_fields", "a; ;b;", ";")],
+    probes=lambda rng: (
+        [call("split_fields", _ranges(rng), ",") for _ in range(4)] + [call("split_fields", "a; ;b;", ";")]
+    ),
 )
 
 PARSE_BOOL = Unit(
@@ -66,11 +68,19 @@ def $parse_bool(text):
     raise ValueError(f"not a boolean: {text!r}")
 ''',
     mutations=(
-        Mutation(kind="missing_edge_case", find="value = text.strip().lower()", replace="value = text.strip()"),
-        Mutation(kind="wrong_return", find="    if value in _FALSE:\n        return False\n", replace="    if value in _FALSE:\n        return None\n"),
+        Mutation(
+            kind="missing_edge_case", find="value = text.strip().lower()", replace="value = text.strip()"
+        ),
+        Mutation(
+            kind="wrong_return",
+            find="    if value in _FALSE:\n        return False\n",
+            replace="    if value in _FALSE:\n        return None\n",
+        ),
     ),
-    probes=lambda rng: [call("parse_bool", v) for v in rng.sample(["Yes", "no", " ON", "off", "1", "FALSE", "True"], 5)]
-    + [call("parse_bool", "maybe")],
+    probes=lambda rng: (
+        [call("parse_bool", v) for v in rng.sample(["Yes", "no", " ON", "off", "1", "FALSE", "True"], 5)]
+        + [call("parse_bool", "maybe")]
+    ),
 )
 
 PARSE_DURATION = Unit(
@@ -95,8 +105,10 @@ def $parse_duration(text):
         Mutation(kind="wrong_constant", find='"h": 3600', replace='"h": 360'),
         Mutation(kind="missing_edge_case", find='r"(\\d+)([dhms])"', replace='r"(\\d)([dhms])"'),
     ),
-    probes=lambda rng: [call("parse_duration", v) for v in ("45s", "1h30m", "2d", "1d 2h", "90m", f"{rng.randint(2, 59)}s")]
-    + [call("parse_duration", "soon"), call("parse_duration", "12m5s")],
+    probes=lambda rng: (
+        [call("parse_duration", v) for v in ("45s", "1h30m", "2d", "1d 2h", "90m", f"{rng.randint(2, 59)}s")]
+        + [call("parse_duration", "soon"), call("parse_duration", "12m5s")]
+    ),
 )
 
 PARSE_SPAN = Unit(
@@ -120,8 +132,10 @@ def $parse_span(text):
         Mutation(kind="comparison", find="if low > high:", replace="if low >= high:"),
         Mutation(kind="swapped_args", find="return (low, high)", replace="return (high, low)"),
     ),
-    probes=lambda rng: [call("parse_span", v) for v in ("3-7", "5", f"{rng.randint(0, 9)}-{rng.randint(10, 20)}", "4-4")]
-    + [call("parse_span", "9-2")],
+    probes=lambda rng: (
+        [call("parse_span", v) for v in ("3-7", "5", f"{rng.randint(0, 9)}-{rng.randint(10, 20)}", "4-4")]
+        + [call("parse_span", "9-2")]
+    ),
 )
 
 PARSE_VERSION = Unit(
@@ -139,11 +153,17 @@ def $parse_version(text):
     return numbers + (0,) * (3 - len(numbers))
 ''',
     mutations=(
-        Mutation(kind="missing_edge_case", find="return numbers + (0,) * (3 - len(numbers))", replace="return numbers"),
+        Mutation(
+            kind="missing_edge_case",
+            find="return numbers + (0,) * (3 - len(numbers))",
+            replace="return numbers",
+        ),
         Mutation(kind="off_by_one", find="(0,) * (3 - len(numbers))", replace="(0,) * (2 - len(numbers))"),
     ),
-    probes=lambda rng: [call("parse_version", v) for v in _versions(rng) + ["1.2.3", "v2", "10.0"]]
-    + [call("parse_version", "1.2.3.4")],
+    probes=lambda rng: (
+        [call("parse_version", v) for v in _versions(rng) + ["1.2.3", "v2", "10.0"]]
+        + [call("parse_version", "1.2.3.4")]
+    ),
 )
 
 EXPAND_RANGES = Unit(
@@ -162,7 +182,9 @@ def $expand_ranges(text):
     return sorted(numbers)
 ''',
     mutations=(Mutation(kind="off_by_one", find="range(low, high + 1)", replace="range(low, high)"),),
-    probes=lambda rng: [call("expand_ranges", _ranges(rng)) for _ in range(6)] + [call("expand_ranges", "1-2,,4")],
+    probes=lambda rng: (
+        [call("expand_ranges", _ranges(rng)) for _ in range(6)] + [call("expand_ranges", "1-2,,4")]
+    ),
 )
 
 COMPARE_VERSIONS = Unit(
@@ -182,8 +204,10 @@ def $compare_versions(a, b):
     return 0
 ''',
     mutations=(Mutation(kind="wrong_return", find="        return -1\n", replace="        return 1\n"),),
-    probes=lambda rng: [call("compare_versions", *_versions(rng)[:2]) for _ in range(5)]
-    + [call("compare_versions", "1.2", "v1.2.0"), call("compare_versions", "1.10", "1.9")],
+    probes=lambda rng: (
+        [call("compare_versions", *_versions(rng)[:2]) for _ in range(5)]
+        + [call("compare_versions", "1.2", "v1.2.0"), call("compare_versions", "1.10", "1.9")]
+    ),
 )
 
 COERCE = Unit(
@@ -209,7 +233,9 @@ def $coerce(raw):
         return raw
 ''',
     mutations=(),
-    probes=lambda rng: [call("coerce", v) for v in rng.sample(["8080", "yes", "Off", "90s", "1h5m", "db.local", "-3"], 5)],
+    probes=lambda rng: [
+        call("coerce", v) for v in rng.sample(["8080", "yes", "Off", "90s", "1h5m", "db.local", "-3"], 5)
+    ],
 )
 
 LOAD_SETTINGS = Unit(
@@ -249,8 +275,17 @@ def $newest(versions):
             best = version
     return best
 ''',
-    mutations=(Mutation(kind="comparison", find="$compare_versions(version, best) > 0", replace="$compare_versions(version, best) >= 0"),),
-    probes=lambda rng: [call("newest", _versions(rng)) for _ in range(5)] + [call("newest", ["1.2", "1.2.0", "v1.10", "1.9"]), call("newest", ["2.0", "1.9", "v2"])],
+    mutations=(
+        Mutation(
+            kind="comparison",
+            find="$compare_versions(version, best) > 0",
+            replace="$compare_versions(version, best) >= 0",
+        ),
+    ),
+    probes=lambda rng: (
+        [call("newest", _versions(rng)) for _ in range(5)]
+        + [call("newest", ["1.2", "1.2.0", "v1.10", "1.9"]), call("newest", ["2.0", "1.9", "v2"])]
+    ),
 )
 
 SELECT_IDS = Unit(
@@ -266,7 +301,9 @@ def $select_ids(selection, available):
     return [number for number in $expand_ranges(selection) if number in known]
 ''',
     mutations=(),
-    probes=lambda rng: [call("select_ids", _ranges(rng), sorted(rng.sample(range(0, 36), 18))) for _ in range(6)],
+    probes=lambda rng: [
+        call("select_ids", _ranges(rng), sorted(rng.sample(range(36), 18))) for _ in range(6)
+    ],
 )
 
 PARSERS = Family(
@@ -275,7 +312,16 @@ PARSERS = Family(
     packages=("confetti", "parsley", "settle", "knobs", "tuneup"),
     topics=("config", "parsing", "values"),
     units=(
-        SPLIT_FIELDS, PARSE_BOOL, PARSE_DURATION, PARSE_SPAN, PARSE_VERSION, EXPAND_RANGES, COMPARE_VERSIONS, COERCE,
-        LOAD_SETTINGS, NEWEST, SELECT_IDS,
+        SPLIT_FIELDS,
+        PARSE_BOOL,
+        PARSE_DURATION,
+        PARSE_SPAN,
+        PARSE_VERSION,
+        EXPAND_RANGES,
+        COMPARE_VERSIONS,
+        COERCE,
+        LOAD_SETTINGS,
+        NEWEST,
+        SELECT_IDS,
     ),
 )

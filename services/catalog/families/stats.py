@@ -64,7 +64,11 @@ def $median(values):
 ''',
     mutations=(
         Mutation(kind="comparison", find="if n % 2 == 0:", replace="if n % 2 == 1:"),
-        Mutation(kind="off_by_one", find="(ordered[mid - 1] + ordered[mid])", replace="(ordered[mid] + ordered[mid + 1])"),
+        Mutation(
+            kind="off_by_one",
+            find="(ordered[mid - 1] + ordered[mid])",
+            replace="(ordered[mid] + ordered[mid + 1])",
+        ),
         Mutation(kind="wrong_operator", find="+ ordered[mid]) / 2", replace="+ ordered[mid]) // 2"),
         Mutation(kind="missing_edge_case", find="ordered = sorted(values)", replace="ordered = list(values)"),
     ),
@@ -112,9 +116,11 @@ def $percentile(values, pct):
         Mutation(kind="comparison", find="if not 0 <= pct <= 100:", replace="if not 0 < pct <= 100:"),
         Mutation(kind="wrong_call", find="math.ceil(pct", replace="math.floor(pct"),
     ),
-    probes=lambda rng: [call("percentile", xs, rng.choice([0, 10, 25, 50, 75, 90, 100])) for xs in _samples(rng)]
-    + [call("percentile", _numbers(rng, low=3), 0), call("percentile", _numbers(rng, low=3), 100)]
-    + [call("percentile", [1, 2, 3], 101)],
+    probes=lambda rng: (
+        [call("percentile", xs, rng.choice([0, 10, 25, 50, 75, 90, 100])) for xs in _samples(rng)]
+        + [call("percentile", _numbers(rng, low=3), 0), call("percentile", _numbers(rng, low=3), 100)]
+        + [call("percentile", [1, 2, 3], 101)]
+    ),
 )
 
 STDEV = Unit(
@@ -136,7 +142,9 @@ def $stdev(values, *, sample=$p_sample):
     return round(math.sqrt(sum((x - m) ** 2 for x in values) / denom), 6)
 ''',
     mutations=(
-        Mutation(kind="boolean", find="denom = n - 1 if sample else n", replace="denom = n if sample else n - 1"),
+        Mutation(
+            kind="boolean", find="denom = n - 1 if sample else n", replace="denom = n if sample else n - 1"
+        ),
         Mutation(kind="off_by_one", find="if sample and n < 2:", replace="if sample and n < 1:"),
     ),
     probes=lambda rng: [call("stdev", xs, sample=rng.choice([True, False])) for xs in _samples(rng)],
@@ -179,7 +187,11 @@ def $normalize(values):
     return [round((x - low) / width, 4) for x in values]
 ''',
     mutations=(
-        Mutation(kind="missing_edge_case", find="    if width == 0:\n        return [0.0] * len(values)\n", replace=""),
+        Mutation(
+            kind="missing_edge_case",
+            find="    if width == 0:\n        return [0.0] * len(values)\n",
+            replace="",
+        ),
         Mutation(kind="wrong_call", find="low = min(values)", replace="low = max(values)"),
     ),
     probes=lambda rng: [call("normalize", xs) for xs in _samples(rng)],
@@ -201,7 +213,11 @@ def $zscores(values):
     return [round((x - m) / sd, 3) for x in values]
 ''',
     mutations=(
-        Mutation(kind="missing_edge_case", find="    if sd == 0:\n        return [0.0 for _ in values]\n", replace=""),
+        Mutation(
+            kind="missing_edge_case",
+            find="    if sd == 0:\n        return [0.0 for _ in values]\n",
+            replace="",
+        ),
         Mutation(kind="swapped_args", find="round((x - m) / sd, 3)", replace="round((m - x) / sd, 3)"),
     ),
     probes=lambda rng: [call("zscores", xs) for xs in _samples(rng)],
@@ -225,7 +241,9 @@ def $summarize(values):
         "spread": $spread(values),
     }
 ''',
-    mutations=(Mutation(kind="wrong_constant", find='"count": len(values),', replace='"count": len(values) - 1,'),),
+    mutations=(
+        Mutation(kind="wrong_constant", find='"count": len(values),', replace='"count": len(values) - 1,'),
+    ),
     probes=lambda rng: [call("summarize", xs) for xs in _samples(rng)],
 )
 
@@ -248,8 +266,10 @@ def $outliers(values, *, k=$p_k):
         Mutation(kind="comparison", find="x < low or x > high", replace="x <= low or x >= high"),
         Mutation(kind="boolean", find="x < low or x > high", replace="x < low and x > high"),
     ),
-    probes=lambda rng: [call("outliers", xs + [rng.choice([-90, 150])]) for xs in _samples(rng, low=3)]
-    + [call("outliers", xs) for xs in _samples(rng, low=2)[:4]],
+    probes=lambda rng: (
+        [call("outliers", xs + [rng.choice([-90, 150])]) for xs in _samples(rng, low=3)]
+        + [call("outliers", xs) for xs in _samples(rng, low=2)[:4]]
+    ),
 )
 
 STATS = Family(

@@ -17,19 +17,26 @@ def _keys(rng: Random) -> list[str]:
 
 
 def _jobs(rng: Random) -> list[tuple[str, int]]:
-    names = rng.sample(["build", "test", "lint", "docs", "deploy", "fetch", "pack", "sign"], rng.randint(2, 6))
+    names = rng.sample(
+        ["build", "test", "lint", "docs", "deploy", "fetch", "pack", "sign"], rng.randint(2, 6)
+    )
     return [(name, rng.choice([0, 1, 1, 2, 5])) for name in names]
 
 
 def _buffer_probe(rng: Random) -> Probe:
     capacity, values = rng.randint(1, 4), _values(rng)
-    return Probe(setup=f"buf = $ring_buffer({capacity})\nfor item in {values!r}:\n    buf.push(item)", expr="(buf.items(), len(buf))")
+    return Probe(
+        setup=f"buf = $ring_buffer({capacity})\nfor item in {values!r}:\n    buf.push(item)",
+        expr="(buf.items(), len(buf))",
+    )
 
 
 def _cache_probe(rng: Random) -> Probe:
     lines = [f"cache = $lru_cache({rng.randint(1, 3)})"]
     for key in _keys(rng):
-        lines.append(f"cache.get({key!r})" if rng.random() < 0.4 else f"cache.put({key!r}, {rng.randint(0, 9)})")
+        lines.append(
+            f"cache.get({key!r})" if rng.random() < 0.4 else f"cache.put({key!r}, {rng.randint(0, 9)})"
+        )
     return Probe(setup="\n".join(lines), expr="cache.keys()")
 
 
@@ -65,7 +72,11 @@ class $ring_buffer:
         return len(self._items)
 ''',
     mutations=(
-        Mutation(kind="comparison", find="if len(self._items) > self.capacity:", replace="if len(self._items) >= self.capacity:"),
+        Mutation(
+            kind="comparison",
+            find="if len(self._items) > self.capacity:",
+            replace="if len(self._items) >= self.capacity:",
+        ),
         Mutation(kind="wrong_call", find="del self._items[0]", replace="del self._items[-1]"),
     ),
     probes=lambda rng: [_buffer_probe(rng) for _ in range(6)] + [Probe(expr="$ring_buffer(0)")],
@@ -108,7 +119,11 @@ class $lru_cache:
             replace="        return self._data[key]\n",
         ),
         Mutation(kind="missing_edge_case", find="        self._data.pop(key, None)\n", replace=""),
-        Mutation(kind="comparison", find="if len(self._data) > self.capacity:", replace="if len(self._data) >= self.capacity:"),
+        Mutation(
+            kind="comparison",
+            find="if len(self._data) > self.capacity:",
+            replace="if len(self._data) >= self.capacity:",
+        ),
     ),
     probes=lambda rng: [_cache_probe(rng) for _ in range(7)],
 )
@@ -140,10 +155,20 @@ class $task_queue:
         return len(self._heap)
 ''',
     mutations=(
-        Mutation(kind="swapped_args", find="(priority, self._pushed, item)", replace="(priority, item, self._pushed)"),
-        Mutation(kind="wrong_operator", find="(priority, self._pushed, item)", replace="(-priority, self._pushed, item)"),
+        Mutation(
+            kind="swapped_args",
+            find="(priority, self._pushed, item)",
+            replace="(priority, item, self._pushed)",
+        ),
+        Mutation(
+            kind="wrong_operator",
+            find="(priority, self._pushed, item)",
+            replace="(-priority, self._pushed, item)",
+        ),
     ),
-    probes=lambda rng: [_queue_probe(rng) for _ in range(6)] + [Probe(setup="queue = $task_queue()", expr="queue.pop()")],
+    probes=lambda rng: (
+        [_queue_probe(rng) for _ in range(6)] + [Probe(setup="queue = $task_queue()", expr="queue.pop()")]
+    ),
 )
 
 ROLLING_MEANS = Unit(
@@ -184,7 +209,9 @@ def $cache_hits(keys, capacity):
             cache.put(key, True)
     return hits
 ''',
-    mutations=(Mutation(kind="boolean", find="if cache.get(key) is not None:", replace="if cache.get(key) is None:"),),
+    mutations=(
+        Mutation(kind="boolean", find="if cache.get(key) is not None:", replace="if cache.get(key) is None:"),
+    ),
     probes=lambda rng: [call("cache_hits", _keys(rng), rng.randint(1, 3)) for _ in range(6)],
 )
 
@@ -202,7 +229,11 @@ def $run_order(jobs):
         queue.push(name, priority)
     return [queue.pop() for _ in range(len(queue))]
 ''',
-    mutations=(Mutation(kind="swapped_args", find="queue.push(name, priority)", replace="queue.push(priority, name)"),),
+    mutations=(
+        Mutation(
+            kind="swapped_args", find="queue.push(name, priority)", replace="queue.push(priority, name)"
+        ),
+    ),
     probes=lambda rng: [call("run_order", _jobs(rng)) for _ in range(6)],
 )
 
@@ -220,7 +251,9 @@ def $hit_rates(keys, capacities):
     return {capacity: round($cache_hits(keys, capacity) / len(keys), 3) for capacity in capacities}
 ''',
     mutations=(),
-    probes=lambda rng: [call("hit_rates", _keys(rng), [1, 2, 3]) for _ in range(6)] + [call("hit_rates", [], [1])],
+    probes=lambda rng: (
+        [call("hit_rates", _keys(rng), [1, 2, 3]) for _ in range(6)] + [call("hit_rates", [], [1])]
+    ),
 )
 
 TREND = Unit(
@@ -238,8 +271,14 @@ def $trend(values, window=$p_window):
         return "flat"
     return "up" if means[-1] > means[0] else "down"
 ''',
-    mutations=(Mutation(kind="comparison", find='"up" if means[-1] > means[0]', replace='"up" if means[-1] < means[0]'),),
-    probes=lambda rng: [call("trend", _values(rng), rng.choice([2, 3])) for _ in range(6)] + [call("trend", [])],
+    mutations=(
+        Mutation(
+            kind="comparison", find='"up" if means[-1] > means[0]', replace='"up" if means[-1] < means[0]'
+        ),
+    ),
+    probes=lambda rng: (
+        [call("trend", _values(rng), rng.choice([2, 3])) for _ in range(6)] + [call("trend", [])]
+    ),
 )
 
 BATCHES = Unit(
@@ -255,7 +294,11 @@ def $batches(jobs, size=$p_size):
     order = $run_order(jobs)
     return [order[i : i + size] for i in range(0, len(order), size)]
 ''',
-    mutations=(Mutation(kind="off_by_one", find="range(0, len(order), size)", replace="range(0, len(order) - 1, size)"),),
+    mutations=(
+        Mutation(
+            kind="off_by_one", find="range(0, len(order), size)", replace="range(0, len(order) - 1, size)"
+        ),
+    ),
     probes=lambda rng: [call("batches", _jobs(rng), rng.choice([1, 2, 3])) for _ in range(6)],
 )
 
@@ -264,5 +307,15 @@ STRUCTURES = Family(
     description="Small containers (bounded buffer, LRU cache, priority queue) and helpers built on them.",
     packages=("boxes", "holdall", "stowage", "cratekit", "bins"),
     topics=("containers", "queues", "caching"),
-    units=(RING_BUFFER, LRU_CACHE, TASK_QUEUE, ROLLING_MEANS, CACHE_HITS, RUN_ORDER, HIT_RATES, TREND, BATCHES),
+    units=(
+        RING_BUFFER,
+        LRU_CACHE,
+        TASK_QUEUE,
+        ROLLING_MEANS,
+        CACHE_HITS,
+        RUN_ORDER,
+        HIT_RATES,
+        TREND,
+        BATCHES,
+    ),
 )

@@ -6,10 +6,36 @@ from random import Random
 
 from services.catalog.families.base import Family, Mutation, Unit, call
 
-_VOCABULARY = (
-    "river stone light quick amber north garden paper window silver cloud market ember tide owl "
-    "a an of to in on by it is we be at go"
-).split()
+_VOCABULARY = [
+    "river",
+    "stone",
+    "light",
+    "quick",
+    "amber",
+    "north",
+    "garden",
+    "paper",
+    "window",
+    "silver",
+    "cloud",
+    "market",
+    "ember",
+    "tide",
+    "owl",
+    "a",
+    "an",
+    "of",
+    "to",
+    "in",
+    "on",
+    "by",
+    "it",
+    "is",
+    "we",
+    "be",
+    "at",
+    "go",
+]
 
 
 def _sentence(rng: Random, *, low: int = 2, high: int = 9) -> str:
@@ -57,12 +83,20 @@ def $truncate(text, width, suffix=$p_suffix):
 ''',
     mutations=(
         Mutation(kind="comparison", find="if len(text) <= width:", replace="if len(text) < width:"),
-        Mutation(kind="off_by_one", find="text[: width - len(suffix)]", replace="text[: width - len(suffix) + 1]"),
-        Mutation(kind="wrong_return", find="return text[: width - len(suffix)] + suffix", replace="return text[:width] + suffix"),
+        Mutation(
+            kind="off_by_one", find="text[: width - len(suffix)]", replace="text[: width - len(suffix) + 1]"
+        ),
+        Mutation(
+            kind="wrong_return",
+            find="return text[: width - len(suffix)] + suffix",
+            replace="return text[:width] + suffix",
+        ),
     ),
-    probes=lambda rng: [call("truncate", t, len(t)) for t in _texts(rng)[:3]]
-    + [call("truncate", t, rng.randint(4, 12)) for t in _texts(rng)]
-    + [call("truncate", "abcdef", 1, suffix="....")],
+    probes=lambda rng: (
+        [call("truncate", t, len(t)) for t in _texts(rng)[:3]]
+        + [call("truncate", t, rng.randint(4, 12)) for t in _texts(rng)]
+        + [call("truncate", "abcdef", 1, suffix="....")]
+    ),
 )
 
 WRAP = Unit(
@@ -91,12 +125,22 @@ def $wrap(text, width=$p_width):
     return lines
 ''',
     mutations=(
-        Mutation(kind="comparison", find="len(line) + 1 + len(word) <= width", replace="len(line) + 1 + len(word) < width"),
-        Mutation(kind="off_by_one", find="len(line) + 1 + len(word) <= width", replace="len(line) + len(word) <= width"),
+        Mutation(
+            kind="comparison",
+            find="len(line) + 1 + len(word) <= width",
+            replace="len(line) + 1 + len(word) < width",
+        ),
+        Mutation(
+            kind="off_by_one",
+            find="len(line) + 1 + len(word) <= width",
+            replace="len(line) + len(word) <= width",
+        ),
         Mutation(kind="missing_edge_case", find="    if line:\n        lines.append(line)\n", replace=""),
     ),
-    probes=lambda rng: [call("wrap", t, rng.choice([5, 8, 11, 14])) for t in _texts(rng)]
-    + [call("wrap", "aaaa bbbb cccc", 9), call("wrap", "supercalifragilistic word", 10)],
+    probes=lambda rng: (
+        [call("wrap", t, rng.choice([5, 8, 11, 14])) for t in _texts(rng)]
+        + [call("wrap", "aaaa bbbb cccc", 9), call("wrap", "supercalifragilistic word", 10)]
+    ),
 )
 
 WORD_COUNTS = Unit(
@@ -141,11 +185,17 @@ def $slugify(text, *, sep=$p_sep, max_length=$p_max_length):
     return slug
 ''',
     mutations=(
-        Mutation(kind="comparison", find="if len(candidate) > max_length:", replace="if len(candidate) >= max_length:"),
+        Mutation(
+            kind="comparison",
+            find="if len(candidate) > max_length:",
+            replace="if len(candidate) >= max_length:",
+        ),
         Mutation(kind="boolean", find="word if not slug else", replace="word if slug else"),
     ),
-    probes=lambda rng: [call("slugify", t, max_length=rng.choice([8, 12, 40])) for t in _texts(rng)]
-    + [call("slugify", "ab cd ef", max_length=5)],
+    probes=lambda rng: (
+        [call("slugify", t, max_length=rng.choice([8, 12, 40])) for t in _texts(rng)]
+        + [call("slugify", "ab cd ef", max_length=5)]
+    ),
 )
 
 TOP_WORDS = Unit(
@@ -182,7 +232,9 @@ def $excerpt(text, *, width, lines=$p_lines):
     return "\\n".join($wrap(text, width)[:lines])
 ''',
     mutations=(Mutation(kind="off_by_one", find="[:lines]", replace="[: lines + 1]"),),
-    probes=lambda rng: [call("excerpt", t, width=rng.choice([6, 9, 12]), lines=rng.choice([1, 2])) for t in _texts(rng)],
+    probes=lambda rng: [
+        call("excerpt", t, width=rng.choice([6, 9, 12]), lines=rng.choice([1, 2])) for t in _texts(rng)
+    ],
 )
 
 TEXT_STATS = Unit(
@@ -201,7 +253,11 @@ def $text_stats(text):
             longest = word
     return {"words": len(found), "distinct": len($word_counts(text, min_length=1)), "longest": longest}
 ''',
-    mutations=(Mutation(kind="comparison", find="if len(word) > len(longest):", replace="if len(word) >= len(longest):"),),
+    mutations=(
+        Mutation(
+            kind="comparison", find="if len(word) > len(longest):", replace="if len(word) >= len(longest):"
+        ),
+    ),
     probes=lambda rng: [call("text_stats", t) for t in _texts(rng)],
 )
 

@@ -95,32 +95,55 @@ def _graded(
     graded_at: float = 1_700_000_000.0,
     grader_replica: str = "grader-a",
 ) -> GradedTrajectory:
-    """An episode: a prompt, an agent action under versions[0], an observation, an answer under versions[1]."""
+    """An episode: prompt, agent action under versions[0], observation, answer under versions[1]."""
     prompt = [tokenizer.BOS, *tokenizer.encode("Fix add()")]
     action = [tokenizer.ACT, tokenizer.tool_token("grep"), *tokenizer.encode("def add")]
     observation = [tokenizer.OBS, *tokenizer.encode("calc.py:1")]
     answer = [tokenizer.ACT, tokenizer.tool_token("submit"), tokenizer.END]
-    parts = [(prompt, 0, versions[0]), (action, 1, versions[0]), (observation, 0, versions[1]), (answer, 1, versions[1])]
+    parts = [
+        (prompt, 0, versions[0]),
+        (action, 1, versions[0]),
+        (observation, 0, versions[1]),
+        (answer, 1, versions[1]),
+    ]
     tokens = [t for toks, _, _ in parts for t in toks]
     start = len(prompt)
     call = ToolCall(
-        index=0, name="grep", arguments="def add", ok=True, output="calc.py:1", duration_s=0.01,
-        token_start=start, token_end=start + len(action), policy_version=versions[0],
+        index=0,
+        name="grep",
+        arguments="def add",
+        ok=True,
+        output="calc.py:1",
+        duration_s=0.01,
+        token_start=start,
+        token_end=start + len(action),
+        policy_version=versions[0],
     )
     traj = Trajectory(
-        run_id=run_id, trajectory_id=trajectory_id, group_id="g-1", task_id=task_id, taskset="pybugs",
+        run_id=run_id,
+        trajectory_id=trajectory_id,
+        group_id="g-1",
+        task_id=task_id,
+        taskset="pybugs",
         tokens=pack("u32", tokens),
         logprobs=pack("f32", [-0.5] * len(tokens)),
         versions=pack("u32", [v for toks, _, v in parts for _ in toks]),
         loss_mask=pack("u8", [m for toks, m, _ in parts for _ in toks]),
         constraints=pack("u8", [0] * len(tokens)),
-        tool_calls=[call], final_diff="--- a/calc.py\n+++ b/calc.py\n", finish_reason=finish_reason,
+        tool_calls=[call],
+        final_diff="--- a/calc.py\n+++ b/calc.py\n",
+        finish_reason=finish_reason,
     )
     result = Reward(
-        total=reward, tests_passed=1 if reward > 0 else 0, tests_total=1, components={"tests": reward},
+        total=reward,
+        tests_passed=1 if reward > 0 else 0,
+        tests_total=1,
+        components={"tests": reward},
         tests=[TestResult(nodeid="test_calc.py::test_add", outcome="passed" if reward > 0 else "failed")],
     )
-    return GradedTrajectory(trajectory=traj, reward=result, graded_at=graded_at, grader_replica=grader_replica)
+    return GradedTrajectory(
+        trajectory=traj, reward=result, graded_at=graded_at, grader_replica=grader_replica
+    )
 
 
 @pytest.fixture
@@ -133,4 +156,3 @@ async def run_id(client: AsyncClient) -> str:
     response = await client.post("/v1/runs", json={"name": "history"})
     assert response.status_code == 201, response.text
     return response.json()["run_id"]
-

@@ -46,7 +46,9 @@ async def test_bad_requests_get_clear_errors(bus):
     ]
     for request, code in cases:
         sample = isinstance(request, SampleRequest)
-        subject, reply_type = (subjects.CATALOG_SAMPLE, SampleReply) if sample else (subjects.CATALOG_GET, TaskReply)
+        subject, reply_type = (
+            (subjects.CATALOG_SAMPLE, SampleReply) if sample else (subjects.CATALOG_GET, TaskReply)
+        )
         with pytest.raises(RemoteError) as error:
             await bus.request(subject, request, reply_type, timeout=10)
         assert error.value.code == code, request

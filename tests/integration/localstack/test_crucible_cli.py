@@ -19,8 +19,14 @@ pytestmark = pytest.mark.integration
 
 def crucible(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run([sys.executable, "-c", "from crucible.cli.main import app; app()", *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-c", "from crucible.cli.main import app; app()", *args],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def processes_under(directory: Path) -> list[int]:
@@ -42,7 +48,8 @@ def test_help_is_fast_and_lists_the_commands() -> None:
     assert result.returncode == 0, result.stderr
     assert time.monotonic() - started < 5
     assert "up" in result.stdout and "db" in result.stdout
-    probe = "import sys, crucible.cli.main; print(sorted(m for m in ('torch', 'ray', 'sqlalchemy') if m in sys.modules))"
+    heavy = "('torch', 'ray', 'sqlalchemy', 'crucible.localstack')"
+    probe = f"import sys, crucible.cli.main; print(sorted(m for m in {heavy} if m in sys.modules))"
     imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert imported.stdout.strip() == "[]", "heavy modules imported at CLI import time"
 
@@ -70,13 +77,34 @@ def test_db_upgrade_migrates_sqlite(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_up_runs_until_sigterm_then_stops_everything(tmp_path: Path, s3: dict[str, str]) -> None:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "CRUCIBLE_S3_ACCESS_KEY": s3["s3_access_key"],
-           "CRUCIBLE_S3_SECRET_KEY": s3["s3_secret_key"], "CRUCIBLE_S3_BUCKET": f"cli-{uuid.uuid4().hex[:12]}"}
+    env = {
+        **os.environ,
+        "COLUMNS": "200",
+        "NO_COLOR": "1",
+        "CRUCIBLE_S3_ACCESS_KEY": s3["s3_access_key"],
+        "CRUCIBLE_S3_SECRET_KEY": s3["s3_secret_key"],
+        "CRUCIBLE_S3_BUCKET": f"cli-{uuid.uuid4().hex[:12]}",
+    }
     state = tmp_path / "state"
     up = subprocess.Popen(
-        [sys.executable, "-c", "from crucible.cli.main import app; app()", "up", "--service", "checkpoints",
-         "--api-port", "0", "--state-dir", str(state), "--s3-endpoint", s3["s3_endpoint"]],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        [
+            sys.executable,
+            "-c",
+            "from crucible.cli.main import app; app()",
+            "up",
+            "--service",
+            "checkpoints",
+            "--api-port",
+            "0",
+            "--state-dir",
+            str(state),
+            "--s3-endpoint",
+            s3["s3_endpoint"],
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
     )
     try:
         deadline = time.monotonic() + 120

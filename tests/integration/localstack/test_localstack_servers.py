@@ -12,11 +12,10 @@ from pathlib import Path
 import nats
 import pytest
 import redis
-from minio import Minio
-from minio.error import S3Error
-
 from crucible.localstack import Server, ServerStartError, start_nats, start_redis, start_seaweedfs
 from crucible.localstack.processes import LOOPBACK, port_open
+from minio import Minio
+from minio.error import S3Error
 
 pytestmark = pytest.mark.integration
 
@@ -42,7 +41,7 @@ def listening_addresses(pid: int) -> set[tuple[str, int]]:
                 if family == socket.AF_INET:
                     packed = packed[::-1]
                 else:
-                    packed = b"".join(packed[i:i + 4][::-1] for i in range(0, 16, 4))
+                    packed = b"".join(packed[i : i + 4][::-1] for i in range(0, 16, 4))
                 found.add((socket.inet_ntop(family, packed), int(port, 16)))
     return found
 
@@ -89,7 +88,9 @@ def test_seaweedfs_serves_s3_with_the_given_keys(tmp_path: Path) -> None:
         data = os.urandom(300_000)
         client.put_object("probe-bucket", "a/b.bin", io.BytesIO(data), len(data))
         assert client.get_object("probe-bucket", "a/b.bin").read() == data
-        intruder = Minio(server.endpoint, access_key="crucible-probe", secret_key="wrong-secret", secure=False)
+        intruder = Minio(
+            server.endpoint, access_key="crucible-probe", secret_key="wrong-secret", secure=False
+        )
         with pytest.raises(S3Error) as excinfo:
             intruder.list_buckets()
         assert excinfo.value.code in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied")

@@ -12,16 +12,19 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from crucible.localstack import LocalStack, ServiceError
+from crucible.localstack import LocalStack, MigrationError, ServiceError, run_migrations
 from crucible.settings import CommonSettings
 
 pytestmark = pytest.mark.integration
 
 
 def s3_kwargs(s3: dict[str, str]) -> dict[str, str]:
-    return {"s3_endpoint": s3["s3_endpoint"], "s3_access_key": s3["s3_access_key"],
-            "s3_secret_key": s3["s3_secret_key"], "s3_bucket": f"stack-{uuid.uuid4().hex[:12]}"}
+    return {
+        "s3_endpoint": s3["s3_endpoint"],
+        "s3_access_key": s3["s3_access_key"],
+        "s3_secret_key": s3["s3_secret_key"],
+        "s3_bucket": f"stack-{uuid.uuid4().hex[:12]}",
+    }
 
 
 def gone(pid: int) -> bool:
@@ -33,7 +36,9 @@ def test_starts_embedded_servers_and_removes_its_temp_state() -> None:
     with stack:
         assert set(stack.servers) == {"nats", "redis", "seaweedfs"}
         assert all(server.alive() for server in stack.servers.values())
-        settings = CommonSettings(**{k.removeprefix("CRUCIBLE_").lower(): v for k, v in stack.settings_env.items()})
+        settings = CommonSettings(
+            **{k.removeprefix("CRUCIBLE_").lower(): v for k, v in stack.settings_env.items()}
+        )
         assert settings.nats_url == stack.servers["nats"].url
         assert settings.s3_endpoint == stack.servers["seaweedfs"].endpoint
         assert settings.redis_url == stack.servers["redis"].url
@@ -46,8 +51,14 @@ def test_starts_embedded_servers_and_removes_its_temp_state() -> None:
 async def test_async_context_manager_reuses_given_servers(
     tmp_path: Path, nats_url: str, redis_url: str, s3: dict[str, str], postgres_url: str
 ) -> None:
-    async with LocalStack(services=(), state_dir=tmp_path, nats_url=nats_url, redis_url=redis_url,
-                          database_url=postgres_url, **s3_kwargs(s3)) as stack:
+    async with LocalStack(
+        services=(),
+        state_dir=tmp_path,
+        nats_url=nats_url,
+        redis_url=redis_url,
+        database_url=postgres_url,
+        **s3_kwargs(s3),
+    ) as stack:
         assert stack.servers == {}
         assert stack.settings_env["CRUCIBLE_NATS_URL"] == nats_url
         assert stack.settings_env["CRUCIBLE_DATABASE_URL"] == postgres_url
@@ -81,14 +92,18 @@ def test_service_lifecycle_kill_restart_and_supervision(s3: dict[str, str]) -> N
 
 
 def test_a_service_that_fails_to_start_stops_the_whole_stack(s3: dict[str, str]) -> None:
-    stack = LocalStack(services=("checkpoints",), service_env={"checkpoints": {"CRUCIBLE_FULL_EVERY": "-1"}},
-                       **s3_kwargs(s3))
-    with pytest.raises(ServiceError, match=r"checkpoints exited with code 2 before it was ready(.|\n)*FULL_EVERY"):
+    stack = LocalStack(
+        services=("checkpoints",), service_env={"checkpoints": {"CRUCIBLE_FULL_EVERY": "-1"}}, **s3_kwargs(s3)
+    )
+    with pytest.raises(
+        ServiceError, match=r"checkpoints exited with code 2 before it was ready(.|\n)*FULL_EVERY"
+    ):
         stack.start()
     assert all(not server.alive() for server in stack.servers.values())
     assert stack.state_dir is not None and not stack.state_dir.exists()
 
 
+@pytest.mark.slow
 def test_migrates_the_database_before_the_api_starts(tmp_path: Path, s3: dict[str, str]) -> None:
     with LocalStack(services=("api",), state_dir=tmp_path, **s3_kwargs(s3)) as stack:
         with sqlite3.connect(tmp_path / "crucible.db") as db:
@@ -117,3 +132,8 @@ def test_migrates_the_database_before_the_api_starts(tmp_path: Path, s3: dict[st
 def test_rejects_bad_configuration(kwargs: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         LocalStack(**kwargs)
+
+
+def test_failed_migrations_are_reported_with_their_output() -> None:
+    with pytest.raises(MigrationError, match=r"migrations failed \(exit 1\); last lines of output:\n"):
+        run_migrations(database_url="postgresql+asyncpg://postgres@127.0.0.1:1/nothing-listens-here")

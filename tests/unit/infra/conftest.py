@@ -10,7 +10,6 @@ from typing import Any
 
 import pytest
 import yaml
-
 from crucible.localstack import SERVICES
 
 REPO = Path(__file__).resolve().parents[3]
@@ -27,7 +26,9 @@ def _settings_from_env(service: str, env: dict[str, Any]) -> Any:
     """Build services.<service>.settings.Settings from the CRUCIBLE_* variables a deployment file passes;
     every such variable must name one of its fields (a typo would be silently ignored at run time)."""
     settings_cls = importlib.import_module(f"services.{service}.settings").Settings
-    fields = {k[len(ENV_PREFIX):].lower(): _interpolate(str(v)) for k, v in env.items() if k.startswith(ENV_PREFIX)}
+    fields = {
+        k[len(ENV_PREFIX) :].lower(): _interpolate(str(v)) for k, v in env.items() if k.startswith(ENV_PREFIX)
+    }
     unknown = sorted(f"{ENV_PREFIX}{name.upper()}" for name in set(fields) - set(settings_cls.model_fields))
     assert not unknown, f"{service}: {unknown} are not fields of services.{service}.settings.Settings"
     return settings_cls(**fields)

@@ -13,8 +13,16 @@ import pytest
 
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 USES_DATABASE = {"catalog", "api"}
-REQUIRED_FIELDS = {"nats_url", "s3_endpoint", "s3_access_key", "s3_secret_key", "s3_bucket", "redis_url",
-                   "http_host", "http_port"}
+REQUIRED_FIELDS = {
+    "nats_url",
+    "s3_endpoint",
+    "s3_access_key",
+    "s3_secret_key",
+    "s3_bucket",
+    "redis_url",
+    "http_host",
+    "http_port",
+}
 
 
 def one_shots(compose: dict[str, Any]) -> set[str]:
@@ -28,7 +36,9 @@ def one_shots(compose: dict[str, Any]) -> set[str]:
 
 
 def test_matches_the_compose_specification_schema(compose: dict[str, Any]) -> None:
-    schema = json.loads(files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text())
+    schema = json.loads(
+        files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text()
+    )
     validator = jsonschema.Draft202012Validator(schema)
     errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(compose)]
     assert not errors, "\n".join(errors)
@@ -48,10 +58,14 @@ def test_depends_on_names_existing_services_with_a_condition(compose: dict[str, 
             assert target in names, f"{name} depends on unknown service {target}"
             assert dep.get("condition") in CONDITIONS, f"{name} -> {target}: condition missing or unknown"
             if dep["condition"] == "service_healthy":
-                assert "healthcheck" in compose["services"][target], f"{name} waits for {target} to be healthy"
+                assert "healthcheck" in compose["services"][target], (
+                    f"{name} waits for {target} to be healthy"
+                )
 
 
-def test_long_running_services_have_health_checks_and_one_shots_do_not_restart(compose: dict[str, Any]) -> None:
+def test_long_running_services_have_health_checks_and_one_shots_do_not_restart(
+    compose: dict[str, Any],
+) -> None:
     shots = one_shots(compose)
     assert {"migrate"} <= shots
     for name, svc in compose["services"].items():
@@ -67,21 +81,28 @@ def test_database_users_wait_for_migrations(compose: dict[str, Any]) -> None:
     assert migrate["command"][:3] == ["python", "-m", "crucible.db.migrate"]
     assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
     for name in USES_DATABASE:
-        assert compose["services"][name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
+        assert (
+            compose["services"][name]["depends_on"]["migrate"]["condition"]
+            == "service_completed_successfully"
+        )
 
 
-def test_nats_runs_jetstream_config_and_health_checks_its_monitoring_port(compose: dict[str, Any], repo) -> None:
+def test_nats_runs_jetstream_config_and_health_checks_its_monitoring_port(
+    compose: dict[str, Any], repo
+) -> None:
     nats = compose["services"]["nats"]
     mounts = {m.split(":")[1]: m.split(":")[0] for m in nats["volumes"] if m.startswith("./")}
     config_path = nats["command"][nats["command"].index("--config") + 1]
     assert (repo / mounts[config_path]).is_file()
     config = (repo / mounts[config_path]).read_text()
-    assert re.search(r"^jetstream\s*\{", config, re.M)
-    monitor_port = re.search(r"^http_port:\s*(\d+)", config, re.M).group(1)
+    assert re.search(r"^jetstream\s*\{", config, re.MULTILINE)
+    monitor_port = re.search(r"^http_port:\s*(\d+)", config, re.MULTILINE).group(1)
     assert f"127.0.0.1:{monitor_port}/healthz" in " ".join(nats["healthcheck"]["test"])
 
 
-@pytest.mark.parametrize("service", ["catalog", "sandbox", "rollout", "grader", "trainer", "checkpoints", "api"])
+@pytest.mark.parametrize(
+    "service", ["catalog", "sandbox", "rollout", "grader", "trainer", "checkpoints", "api"]
+)
 def test_service_builds_its_own_dockerfile(compose: dict[str, Any], repo, service: str) -> None:
     build = compose["services"][service]["build"]
     assert build["dockerfile"] == f"infra/docker/{service}.Dockerfile"
@@ -94,7 +115,9 @@ def test_every_build_names_an_existing_dockerfile(compose: dict[str, Any], repo)
             assert (repo / svc["build"].get("context", ".") / svc["build"]["dockerfile"]).is_file(), name
 
 
-@pytest.mark.parametrize("service", ["catalog", "sandbox", "rollout", "grader", "trainer", "checkpoints", "api"])
+@pytest.mark.parametrize(
+    "service", ["catalog", "sandbox", "rollout", "grader", "trainer", "checkpoints", "api"]
+)
 def test_service_settings_match_what_compose_passes(
     compose: dict[str, Any], settings_from_env, interpolate, service: str
 ) -> None:
@@ -108,7 +131,10 @@ def test_service_settings_match_what_compose_passes(
     assert settings.s3_endpoint.split(":")[0] == "minio"
     assert settings.redis_url.startswith("redis://redis:")
     if service in USES_DATABASE:
-        assert settings.database_url.startswith("postgresql+asyncpg://") and "@postgres:5432/" in settings.database_url
+        assert (
+            settings.database_url.startswith("postgresql+asyncpg://")
+            and "@postgres:5432/" in settings.database_url
+        )
     health = " ".join(svc["healthcheck"]["test"])
     assert f"127.0.0.1:{settings.http_port}/readyz" in health
     assert settings.http_host == "0.0.0.0", "health checks and Prometheus reach the service from outside"
@@ -140,4 +166,5 @@ def test_s3_credentials_match_minio_root_user(compose: dict[str, Any], interpola
 def test_database_url_matches_postgres_credentials(compose: dict[str, Any], interpolate) -> None:
     pg = {k: interpolate(v) for k, v in compose["services"]["postgres"]["environment"].items()}
     url = interpolate(compose["services"]["api"]["environment"]["CRUCIBLE_DATABASE_URL"])
-    assert url == f"postgresql+asyncpg://{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}@postgres:5432/{pg['POSTGRES_DB']}"
+    credentials = f"{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}"
+    assert url == f"postgresql+asyncpg://{credentials}@postgres:5432/{pg['POSTGRES_DB']}"

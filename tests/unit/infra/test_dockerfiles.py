@@ -9,11 +9,27 @@ import tomllib
 from pathlib import Path
 
 import pytest
-
 from crucible.localstack import SERVICES
 
-INSTRUCTIONS = {"FROM", "RUN", "CMD", "LABEL", "EXPOSE", "ENV", "ADD", "COPY", "ENTRYPOINT", "VOLUME", "USER",
-                "WORKDIR", "ARG", "ONBUILD", "STOPSIGNAL", "HEALTHCHECK", "SHELL"}
+INSTRUCTIONS = {
+    "FROM",
+    "RUN",
+    "CMD",
+    "LABEL",
+    "EXPOSE",
+    "ENV",
+    "ADD",
+    "COPY",
+    "ENTRYPOINT",
+    "VOLUME",
+    "USER",
+    "WORKDIR",
+    "ARG",
+    "ONBUILD",
+    "STOPSIGNAL",
+    "HEALTHCHECK",
+    "SHELL",
+}
 
 
 def parse(path: Path) -> list[tuple[str, str]]:
@@ -60,7 +76,9 @@ def test_dockerfile_builds_and_runs_its_service(repo: Path, service: str) -> Non
 
     users = [args for k, args in instructions if k == "USER"]
     assert users and users[-1] not in ("root", "0"), "the service must not run as root"
-    assert keywords.index("USER") > max(i for i, k in enumerate(keywords) if k == "RUN"), "USER after installs"
+    assert keywords.index("USER") > max(i for i, k in enumerate(keywords) if k == "RUN"), (
+        "USER after installs"
+    )
 
     extras = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     installs = [shlex.split(args) for k, args in instructions if k == "RUN" and "pip install" in args]
@@ -76,7 +94,9 @@ def test_dockerfile_copies_files_that_exist(repo: Path, service: str) -> None:
             *sources, _ = shlex.split(args)
             for source in sources:
                 assert not source.startswith("--"), f"{service}: unexpected COPY flag {source}"
-                assert (repo / source).exists(), f"{service}: COPY source {source} missing from the repository"
+                assert (repo / source).exists(), (
+                    f"{service}: COPY source {source} missing from the repository"
+                )
 
 
 def test_sandbox_image_has_bubblewrap_ripgrep_and_git(repo: Path) -> None:

@@ -14,7 +14,7 @@ from httpx import ASGITransport, AsyncClient
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crucible.bus import Bus
-from crucible.contracts import encode, subjects
+from crucible.contracts import subjects
 from crucible.contracts.messages import DeadLetter, Event, GradedTrajectory, RunCreated
 from services.api.app import create_app
 from services.api.ingest import run_ingest
@@ -30,8 +30,8 @@ def migrated_template(request: pytest.FixtureRequest, sqlite_template: Path) -> 
 
 
 @pytest.fixture
-async def bus() -> AsyncIterator[Bus]:
-    bus = await Bus.connect(Settings(), name="api-test")
+async def bus(nats_url: str) -> AsyncIterator[Bus]:
+    bus = await Bus.connect(Settings(nats_url=nats_url), name="api-test")
     await bus.ensure_streams()
     yield bus
     await bus.close()
@@ -46,12 +46,20 @@ async def ingesting(bus: Bus, sessionmaker: async_sessionmaker[AsyncSession]) ->
     task = asyncio.create_task(
         run_ingest(bus=bus, sessionmaker=sessionmaker, stop=stop, max_deliver=2, deliver_new=True, **durables)
     )
-    for stream, durable in ((subjects.GRADED, durables["graded_durable"]), (subjects.EVENTS, durables["events_durable"])):
+    for stream, durable in (
+        (subjects.GRADED, durables["graded_durable"]),
+        (subjects.EVENTS, durables["events_durable"]),
+    ):
         await eventually(lambda s=stream, d=durable: bus.js.consumer_info(s, d), timeout=10)
     yield
+    if task.done():
+        task.result()
     stop.set()
     await asyncio.wait_for(task, timeout=10)
-    for stream, durable in ((subjects.GRADED, durables["graded_durable"]), (subjects.EVENTS, durables["events_durable"])):
+    for stream, durable in (
+        (subjects.GRADED, durables["graded_durable"]),
+        (subjects.EVENTS, durables["events_durable"]),
+    ):
         await bus.js.delete_consumer(stream, durable)
 
 
@@ -100,19 +108,27 @@ async def test_history_arrives_over_the_bus_and_bad_messages_are_dead_lettered(
         assert run.config.seed == 5 and run.name == "bus"
 
         async def emit(kind: str, **data: Any) -> None:
-            await bus.publish(subjects.events(run_id, kind), Event(run_id=run_id, kind=kind, ts=1.0, data=data))
+            await bus.publish(
+                subjects.events(run_id, kind), Event(run_id=run_id, kind=kind, ts=1.0, data=data)
+            )
 
         await emit("run.status", status="running")
-        first = make_graded(run_id, "t-a", reward=1.0)
-        for message, msg_id in ((first, "t-a"), (first, "t-a"), (first, None), (make_graded(run_id, "t-b"), "t-b")):
+        a, b = f"{run_id}-a", f"{run_id}-b"  # ids are unique on the bus: JetStream de-duplicates by them
+        first = make_graded(run_id, a, reward=1.0)
+        for message, msg_id in ((first, a), (first, a), (first, None), (make_graded(run_id, b), b)):
             await bus.publish(subjects.graded(run_id), message, msg_id=msg_id)
-        await emit("step", step=1, version=0, loss=0.25, trajectory_ids=["t-a", "t-b"])
-        await emit("checkpoint", version=1, step=1, manifest_uri="s3://crucible/m.json", num_tensors=3, size_bytes=9)
+        await emit("step", step=1, version=0, loss=0.25, trajectory_ids=[a, b])
+        await emit(
+            "checkpoint", version=1, step=1, manifest_uri="s3://crucible/m.json", num_tensors=3, size_bytes=9
+        )
 
         async def trajectories() -> list[dict]:
             items = (await client.get(f"/v1/runs/{run_id}/trajectories")).json()["items"]
-            return items if {i["trajectory_id"] for i in items} == {"t-a", "t-b"} and all(
-                i["trained_count"] for i in items) else []
+            return (
+                items
+                if {i["trajectory_id"] for i in items} == {a, b} and all(i["trained_count"] for i in items)
+                else []
+            )
 
         items = await eventually(trajectories)
         assert all(i["graded_count"] == 1 and i["trained_count"] == 1 for i in items), items
@@ -129,7 +145,9 @@ async def test_history_arrives_over_the_bus_and_bad_messages_are_dead_lettered(
             return letters if len(letters) >= 2 else None
 
         reasons = [d.reason for d in await eventually(ours)]
-        assert any("not a valid Event" in r for r in reasons) and any("bad 'step' event" in r for r in reasons)
+        assert any("not a valid Event" in r for r in reasons) and any(
+            "bad 'step' event" in r for r in reasons
+        )
         finished = await eventually(lambda: _finished(client, run_id))
         assert finished["finished_at"] is not None
 
@@ -141,3 +159,17 @@ async def _items(client: AsyncClient, path: str) -> list[dict]:
 async def _finished(client: AsyncClient, run_id: str) -> dict | None:
     run = (await client.get(f"/v1/runs/{run_id}")).json()
     return run if run["status"] == "finished" else None
+
+
+async def test_create_run_is_503_when_the_bus_is_down(
+    sessionmaker: async_sessionmaker[AsyncSession], nats_url: str
+) -> None:
+    bus = await Bus.connect(Settings(nats_url=nats_url), name="api-test")
+    await bus.close()
+    app = create_app(settings=Settings(), sessionmaker=sessionmaker, bus=bus)
+    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api") as client:
+        response = await client.post("/v1/runs", json={"name": "offline"})
+        assert response.status_code == 503
+        assert "recorded but not announced, the bus is unavailable" in response.json()["detail"]
+        (run,) = (await client.get("/v1/runs")).json()["items"]
+        assert run["status"] == "failed" and "could not announce" in run["error"]

@@ -14,20 +14,31 @@ def graded(parts: list[tuple[list[int], int, int]]) -> GradedTrajectory:
     mask = [m for toks, m, _ in parts for _ in toks]
     versions = [v for toks, _, v in parts for _ in toks]
     traj = Trajectory(
-        run_id="r", trajectory_id="t", group_id="g", task_id="k", taskset="s",
-        tokens=pack("u32", tokens), logprobs=pack("f32", [0.0] * len(tokens)), versions=pack("u32", versions),
-        loss_mask=pack("u8", mask), constraints=pack("u8", [0] * len(tokens)),
+        run_id="r",
+        trajectory_id="t",
+        group_id="g",
+        task_id="k",
+        taskset="s",
+        tokens=pack("u32", tokens),
+        logprobs=pack("f32", [0.0] * len(tokens)),
+        versions=pack("u32", versions),
+        loss_mask=pack("u8", mask),
+        constraints=pack("u8", [0] * len(tokens)),
     )
-    return GradedTrajectory(trajectory=traj, reward=Reward(total=1.0, tests_passed=1, tests_total=1), graded_at=1.0)
+    return GradedTrajectory(
+        trajectory=traj, reward=Reward(total=1.0, tests_passed=1, tests_total=1), graded_at=1.0
+    )
 
 
 def test_segments_split_on_side_and_version_and_decode_text() -> None:
-    g = graded([
-        ([tokenizer.BOS, *tokenizer.encode("Fix the bug")], 0, 0),
-        ([tokenizer.ACT, tokenizer.tool_token("grep"), *tokenizer.encode("héllo")], 1, 0),
-        (tokenizer.encode(" more"), 1, 1),
-        ([tokenizer.OBS, *tokenizer.encode("3 matches"), 300], 0, 1),
-    ])
+    g = graded(
+        [
+            ([tokenizer.BOS, *tokenizer.encode("Fix the bug")], 0, 0),
+            ([tokenizer.ACT, tokenizer.tool_token("grep"), *tokenizer.encode("héllo")], 1, 0),
+            (tokenizer.encode(" more"), 1, 1),
+            ([tokenizer.OBS, *tokenizer.encode("3 matches"), 300], 0, 1),
+        ]
+    )
     out = segments(g)
     assert [(s.role, s.version, s.token_start, s.token_end) for s in out] == [
         ("environment", 0, 0, 12),
@@ -35,7 +46,12 @@ def test_segments_split_on_side_and_version_and_decode_text() -> None:
         ("agent", 1, 20, 25),
         ("environment", 1, 25, 36),
     ]
-    assert [s.text for s in out] == ["<bos>Fix the bug", "<act><tool:grep>héllo", " more", "<obs>3 matches<special:300>"]
+    assert [s.text for s in out] == [
+        "<bos>Fix the bug",
+        "<act><tool:grep>héllo",
+        " more",
+        "<obs>3 matches<special:300>",
+    ]
     assert agent_versions(g) == (0, 1)
 
 

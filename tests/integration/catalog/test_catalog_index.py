@@ -17,15 +17,24 @@ pytestmark = pytest.mark.integration
 def _row(task_id: str, difficulty: int, *, taskset: str = "toy") -> dict:
     ref = {"uri": f"s3://b/tasksets/{taskset}/{task_id}/repo.tar.gz", "sha256": "0" * 64, "size": 10}
     return {
-        "task_id": task_id, "taskset": taskset, "difficulty": difficulty, "family": "stats",
-        "statement": f"statement of {task_id}", "snapshot": ref, "hidden_tests": {**ref, "size": 5},
-        "test_command": ["python", "-m", "pytest"], "reference_patch": "diff", "created_at": datetime.now(UTC),
+        "task_id": task_id,
+        "taskset": taskset,
+        "difficulty": difficulty,
+        "family": "stats",
+        "statement": f"statement of {task_id}",
+        "snapshot": ref,
+        "hidden_tests": {**ref, "size": 5},
+        "test_command": ["python", "-m", "pytest"],
+        "reference_patch": "diff",
+        "created_at": datetime.now(UTC),
     }
 
 
 @pytest.fixture
 async def session(sessionmaker):
-    rows = [_row(f"toy-d{d}-{i}", d) for d in (1, 2) for i in range(3)] + [_row("other-d3-0", 3, taskset="other")]
+    rows = [_row(f"toy-d{d}-{i}", d) for d in (1, 2) for i in range(3)] + [
+        _row("other-d3-0", 3, taskset="other")
+    ]
     async with sessionmaker() as session:
         async with session.begin():
             await upsert_tasks(session=session, rows=rows)
@@ -56,7 +65,9 @@ async def test_clear_errors(session):
     assert empty.value.code == "empty_selection" and "[1, 2]" in empty.value.detail
     for count, levels in ((0, None), (1, [])):
         with pytest.raises(RequestError) as bad:
-            await sample_tasks(session=session, taskset="toy", count=count, difficulties=levels, rng=Random(0))
+            await sample_tasks(
+                session=session, taskset="toy", count=count, difficulties=levels, rng=Random(0)
+            )
         assert bad.value.code == "bad_request"
     with pytest.raises(RequestError) as missing:
         await get_task(session=session, task_id="toy-d9-9", include_secret=False)

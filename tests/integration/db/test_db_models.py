@@ -30,23 +30,49 @@ async def session(database_url: str) -> AsyncIterator[AsyncSession]:
 
 def _trajectory(run_id: str) -> Trajectory:
     return Trajectory(
-        trajectory_id="t-1", run_id=run_id, group_id="g-1", task_id="pybugs/1", taskset="pybugs", reward=0.75,
-        tests_passed=3, tests_total=4, reward_components={"tests": 0.75}, finish_reason="done", num_tokens=5,
-        version_min=0, version_max=2, tool_calls=[{"name": "grep", "ok": True}], payload=b"\x00\xffpayload",
-        graded_count=1, graded_at=WHEN,
+        trajectory_id="t-1",
+        run_id=run_id,
+        group_id="g-1",
+        task_id="pybugs/1",
+        taskset="pybugs",
+        reward=0.75,
+        tests_passed=3,
+        tests_total=4,
+        reward_components={"tests": 0.75},
+        finish_reason="done",
+        num_tokens=5,
+        version_min=0,
+        version_max=2,
+        tool_calls=[{"name": "grep", "ok": True}],
+        payload=b"\x00\xffpayload",
+        graded_count=1,
+        graded_at=WHEN,
     )
 
 
 async def test_rows_round_trip_with_json_bytes_and_utc_times(session: AsyncSession) -> None:
     session.add(Run(run_id="r1", name="demo", config={"seed": 3, "difficulties": [1, 2]}, created_at=WHEN))
     await session.flush()
-    session.add_all([
-        Step(run_id="r1", step=1, version=0, metrics={"loss": 0.5}, trajectory_ids=["t-1"]),
-        _trajectory("r1"),
-        Checkpoint(run_id="r1", version=1, step=2, manifest_uri="s3://m", num_tensors=7, size_bytes=5 * 2**31),
-        Task(task_id="pybugs/1", taskset="pybugs", difficulty=1, family="off-by-one", statement="fix it",
-             snapshot=REF, hidden_tests=REF, test_command=["pytest", "-q"], reference_patch="--- a\n+++ b\n"),
-    ])
+    session.add_all(
+        [
+            Step(run_id="r1", step=1, version=0, metrics={"loss": 0.5}, trajectory_ids=["t-1"]),
+            _trajectory("r1"),
+            Checkpoint(
+                run_id="r1", version=1, step=2, manifest_uri="s3://m", num_tensors=7, size_bytes=5 * 2**31
+            ),
+            Task(
+                task_id="pybugs/1",
+                taskset="pybugs",
+                difficulty=1,
+                family="off-by-one",
+                statement="fix it",
+                snapshot=REF,
+                hidden_tests=REF,
+                test_command=["pytest", "-q"],
+                reference_patch="--- a\n+++ b\n",
+            ),
+        ]
+    )
     await session.commit()
     session.expunge_all()
 

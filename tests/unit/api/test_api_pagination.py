@@ -18,7 +18,13 @@ def test_cursor_round_trips_typed_values() -> None:
 
 @pytest.mark.parametrize(
     "cursor",
-    ["not base64 !", "e30", encode_cursor(["x", "y", "z"]), encode_cursor(["yesterday", "r"]), encode_cursor([1, 2])],
+    [
+        "not base64 !",
+        "e30",
+        encode_cursor(["x", "y", "z"]),
+        encode_cursor(["yesterday", "r"]),
+        encode_cursor([1, 2]),
+    ],
 )
 def test_foreign_cursors_are_refused(cursor: str) -> None:
     with pytest.raises(InvalidCursor, match="invalid cursor"):

@@ -53,20 +53,29 @@ def test_every_name_choice_renders_and_no_local_shadows_a_callee(case):
         names = {u.key: u.names[0] for u in family.units} | dict(zip([unit.key, *unit.calls], chosen))
         tree = ast.parse(_render(family, unit, names))
         assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-        assigned |= {a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs}
-        assert not assigned & set(chosen[1:]), f"{unit.key} shadows a callee with {assigned & set(chosen[1:])}"
+        assigned |= {
+            a.arg for n in ast.walk(tree) if isinstance(n, ast.arguments) for a in n.args + n.kwonlyargs
+        }
+        assert not assigned & set(chosen[1:]), (
+            f"{unit.key} shadows a callee with {assigned & set(chosen[1:])}"
+        )
 
 
 @pytest.mark.parametrize("case", UNITS, ids=_ids)
 def test_probes_run_on_the_fixed_code(case):
     family, unit = case
     names = {u.key: u.names[0] for u in family.units}
-    probes = [(Template(p.setup).substitute(names), Template(p.expr).substitute(names)) for p in unit.probes(Random(1))]
+    probes = [
+        (Template(p.setup).substitute(names), Template(p.expr).substitute(names))
+        for p in unit.probes(Random(1))
+    ]
     exports = {u.names[0]: "m" for u in family.units}
     outcomes = run_probes(modules=[("m", _whole_family(family, names))], exports=exports, probes=probes)
     assert len(outcomes) >= 3
     assert any(o.error is None for o in outcomes), f"every probe of {unit.key} raises: {outcomes}"
-    unexpected = [o for o in outcomes if o.error in ("NameError", "TypeError", "AttributeError", "SyntaxError")]
+    unexpected = [
+        o for o in outcomes if o.error in ("NameError", "TypeError", "AttributeError", "SyntaxError")
+    ]
     assert not unexpected, unexpected
 
 
@@ -78,22 +87,32 @@ def test_every_mutation_changes_some_probe_outcome(case):
     exports = {u.names[0]: "m" for u in family.units}
     for seed in range(5):
         probes = [
-            (Template(p.setup).substitute(names), Template(p.expr).substitute(names)) for p in unit.probes(Random(seed))
+            (Template(p.setup).substitute(names), Template(p.expr).substitute(names))
+            for p in unit.probes(Random(seed))
         ]
         fixed = run_probes(modules=[("m", _whole_family(family, names))], exports=exports, probes=probes)
         buggy = run_probes(
-            modules=[("m", _whole_family(family, names, bug=(unit, mutation)))], exports=exports, probes=probes
+            modules=[("m", _whole_family(family, names, bug=(unit, mutation)))],
+            exports=exports,
+            probes=probes,
         )
         if any(not f.same_as(b) for f, b in zip(fixed, buggy)):
             return
-    pytest.fail(f"{family.key}.{unit.key}: mutation {mutation.find!r} -> {mutation.replace!r} is never observed")
+    pytest.fail(
+        f"{family.key}.{unit.key}: mutation {mutation.find!r} -> {mutation.replace!r} is never observed"
+    )
 
 
 def test_a_mutation_must_match_its_unit_exactly_once():
     with pytest.raises(ValueError, match="exactly once"):
         Unit(
-            key="u", layer=0, names=("u",), summary="s", source="def $u(x):\n    return x + x\n",
-            probes=lambda rng: [], mutations=(Mutation(kind="off_by_one", find="x", replace="y"),),
+            key="u",
+            layer=0,
+            names=("u",),
+            summary="s",
+            source="def $u(x):\n    return x + x\n",
+            probes=lambda rng: [],
+            mutations=(Mutation(kind="off_by_one", find="x", replace="y"),),
         )
     with pytest.raises(ValueError, match="unknown bug kind"):
         Mutation(kind="typo", find="a", replace="b")

@@ -11,7 +11,14 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect
 
 from crucible.db import make_engine
-from crucible.db.migrate import SchemaError, check_schema, current_revision, downgrade_async, head_revision, upgrade_async
+from crucible.db.migrate import (
+    SchemaError,
+    check_schema,
+    current_revision,
+    downgrade_async,
+    head_revision,
+    upgrade_async,
+)
 from crucible.db.models import Base
 
 pytestmark = pytest.mark.integration
@@ -24,7 +31,9 @@ async def _tables_and_diff(url: str) -> tuple[set[str], list, str | None]:
         async with engine.connect() as conn:
             tables = set(await conn.run_sync(lambda c: inspect(c).get_table_names()))
             diff = await conn.run_sync(
-                lambda c: compare_metadata(MigrationContext.configure(c, opts={"compare_type": True}), Base.metadata)
+                lambda c: compare_metadata(
+                    MigrationContext.configure(c, opts={"compare_type": True}), Base.metadata
+                )
             )
         return tables - {"alembic_version"}, diff, await current_revision(engine)
     finally:

@@ -28,12 +28,18 @@ def test_every_task_of_a_small_set_verifies():
 
 @pytest.mark.slow
 def test_every_task_of_a_larger_set_verifies():
-    failures = {t.task_id: r.reason for t in generate_taskset(seed=2, per_difficulty=6) if not (r := verify_task(t)).ok}
+    failures = {
+        t.task_id: r.reason
+        for t in generate_taskset(seed=2, per_difficulty=6)
+        if not (r := verify_task(t)).ok
+    }
     assert not failures
 
 
 def test_a_patch_that_does_not_fix_the_bug_is_refused(task):
-    noop = unified_patch(before=task.files, after={**task.files, "README.md": task.files["README.md"] + "More.\n"})
+    noop = unified_patch(
+        before=task.files, after={**task.files, "README.md": task.files["README.md"] + "More.\n"}
+    )
     result = verify_task(dataclasses.replace(task, reference_patch=noop))
     assert not result.ok and result.reason == "a test fails with the reference patch applied"
 

@@ -1,20 +1,27 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from pathlib import Path
 
 import msgspec
 import pytest
-from httpx import AsyncClient
+from httpx import ASGITransport, AsyncClient
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crucible.contracts.messages import RunConfig
+from crucible.db import make_engine, make_sessionmaker
 from crucible.db.models import Run
+from crucible.localstack.processes import free_ports
+from services.api.app import create_app
+from services.api.settings import Settings
 
 pytestmark = pytest.mark.integration
 
 
 async def test_create_run_records_it_with_the_validated_config(client: AsyncClient) -> None:
-    response = await client.post("/v1/runs", json={"name": " demo ", "config": {"seed": 7, "precision": "mxfp8"}})
+    response = await client.post(
+        "/v1/runs", json={"name": " demo ", "config": {"seed": 7, "precision": "mxfp8"}}
+    )
     assert response.status_code == 201, response.text
     run = response.json()
     assert run["run_id"].startswith("run-") and run["name"] == "demo" and run["status"] == "created"
@@ -26,9 +33,21 @@ async def test_create_run_records_it_with_the_validated_config(client: AsyncClie
 @pytest.mark.parametrize(
     ("body", "loc", "message"),
     [
-        ({"name": "n", "config": {"bogus": 1}}, ["body", "config", "bogus"], "Extra inputs are not permitted"),
-        ({"name": "n", "config": {"group_size": 0}}, ["body", "config", "group_size"], "greater than or equal to 1"),
-        ({"name": "n", "config": {"model_preset": "huge"}}, ["body", "config", "model_preset"], "unknown model preset"),
+        (
+            {"name": "n", "config": {"bogus": 1}},
+            ["body", "config", "bogus"],
+            "Extra inputs are not permitted",
+        ),
+        (
+            {"name": "n", "config": {"group_size": 0}},
+            ["body", "config", "group_size"],
+            "greater than or equal to 1",
+        ),
+        (
+            {"name": "n", "config": {"model_preset": "huge"}},
+            ["body", "config", "model_preset"],
+            "unknown model preset",
+        ),
         ({"config": {}}, ["body", "name"], "Field required"),
         ({"name": "n", "extra": True}, ["body", "extra"], "Extra inputs are not permitted"),
     ],
@@ -44,7 +63,9 @@ async def test_bad_run_bodies_get_422_naming_the_field(
 
 
 async def test_malformed_json_is_422(client: AsyncClient) -> None:
-    response = await client.post("/v1/runs", content=b"{not json", headers={"content-type": "application/json"})
+    response = await client.post(
+        "/v1/runs", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 422 and response.json()["detail"][0]["type"] == "json_invalid"
 
 
@@ -66,7 +87,9 @@ async def test_runs_page_newest_first_without_gaps_or_repeats(
     created = [(await client.post("/v1/runs", json={"name": f"r{i}"})).json()["run_id"] for i in range(4)]
     same_instant = datetime(2020, 1, 1, tzinfo=UTC)
     async with sessionmaker() as session:
-        session.add_all(Run(run_id=f"tie-{i}", name="tie", config={}, created_at=same_instant) for i in range(4))
+        session.add_all(
+            Run(run_id=f"tie-{i}", name="tie", config={}, created_at=same_instant) for i in range(4)
+        )
         await session.commit()
     expected = [*reversed(created), "tie-3", "tie-2", "tie-1", "tie-0"]
 
@@ -82,7 +105,9 @@ async def test_runs_page_newest_first_without_gaps_or_repeats(
     assert seen == expected and pages == 3
 
 
-async def test_runs_filter_by_status(client: AsyncClient, sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+async def test_runs_filter_by_status(
+    client: AsyncClient, sessionmaker: async_sessionmaker[AsyncSession]
+) -> None:
     await client.post("/v1/runs", json={"name": "a"})
     async with sessionmaker() as session:
         session.add(Run(run_id="done-1", name="b", status="finished", config={}))
@@ -105,3 +130,16 @@ async def test_health_and_openapi(client: AsyncClient) -> None:
     assert ready.status_code == 200 and ready.json() == {"ready": True, "database": True, "bus": True}
     paths = (await client.get("/openapi.json")).json()["paths"]
     assert {"/v1/runs", "/v1/runs/{run_id}/trajectories", "/v1/trajectories/{trajectory_id}"} <= set(paths)
+
+
+async def test_readyz_is_503_while_the_database_is_unreachable(tmp_path: Path) -> None:
+    (port,) = free_ports(count=1)  # nothing listens here
+    engine = make_engine(
+        f"postgresql+asyncpg://postgres@127.0.0.1:{port}/nowhere", connect_args={"timeout": 2}
+    )
+    app = create_app(settings=Settings(), sessionmaker=make_sessionmaker(engine))
+    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api") as client:
+        ready = await client.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["database"] is False
+        assert (await client.get("/healthz")).status_code == 200
+    await engine.dispose()

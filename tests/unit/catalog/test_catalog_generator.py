@@ -50,7 +50,11 @@ def test_bad_arguments_are_refused():
 
 
 def _modules(task) -> list[str]:
-    return [p for p in task.files if p.endswith(".py") and not p.startswith("tests/") and not p.endswith("__init__.py")]
+    return [
+        p
+        for p in task.files
+        if p.endswith(".py") and not p.startswith("tests/") and not p.endswith("__init__.py")
+    ]
 
 
 def test_difficulty_adds_modules_and_distance(taskset):
@@ -60,7 +64,11 @@ def test_difficulty_adds_modules_and_distance(taskset):
             assert task.bug.function == task.bug.symptom
         else:
             assert task.bug.function != task.bug.symptom
-            symptom_module = next(p for p in _modules(task) if re.search(rf"^def {task.bug.symptom}\(", task.files[p], re.M))
+            symptom_module = next(
+                p
+                for p in _modules(task)
+                if re.search(rf"^def {task.bug.symptom}\(", task.files[p], re.MULTILINE)
+            )
             assert symptom_module != task.bug.path
 
 
@@ -96,7 +104,15 @@ def test_statements_describe_the_symptom_not_the_fix(taskset):
         for snippet in (task.bug.fixed_snippet, task.bug.buggy_snippet):
             assert not snippet or snippet not in text, (task.task_id, snippet)
         lowered = text.lower()
-        for word in ("off-by-one", "off by one", "operator", "swap", "mutation", "patch", task.bug.kind.replace("_", " ")):
+        for word in (
+            "off-by-one",
+            "off by one",
+            "operator",
+            "swap",
+            "mutation",
+            "patch",
+            task.bug.kind.replace("_", " "),
+        ):
             assert word not in lowered, (task.task_id, word)
         if task.difficulty > 1:
             assert not re.search(rf"\b{task.bug.function}\b", text), task.task_id

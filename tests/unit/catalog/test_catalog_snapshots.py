@@ -6,7 +6,11 @@ import hashlib
 
 from services.catalog.snapshots import tarball, untar
 
-FILES = {"pkg/__init__.py": "", "pkg/core.py": "def f():\n    return 1\n", "README.md": "# pkg\n\nnon-ascii: é…\n"}
+FILES = {
+    "pkg/__init__.py": "",
+    "pkg/core.py": "def f():\n    return 1\n",
+    "README.md": "# pkg\n\nnon-ascii: é…\n",
+}
 
 
 def test_same_files_same_bytes_in_any_order():

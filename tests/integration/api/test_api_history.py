@@ -23,7 +23,9 @@ async def graded(sessionmaker: Maker, message: GradedTrajectory) -> bool:
         return await record_graded(session=session, graded=message)
 
 
-async def event(sessionmaker: Maker, run_id: str, kind: str, ts: float = 1_700_000_100.0, **data: object) -> None:
+async def event(
+    sessionmaker: Maker, run_id: str, kind: str, ts: float = 1_700_000_100.0, **data: object
+) -> None:
     async with sessionmaker() as session:
         await apply_event(session=session, event=Event(run_id=run_id, kind=kind, ts=ts, data=data))
 
@@ -43,8 +45,15 @@ async def test_transcript_shows_text_by_side_and_version_tool_calls_and_reward(
     ]
     assert body["segments"][1]["token_start"] == body["tool_calls"][0]["token_start"]
     assert body["tool_calls"][0] | {"duration_s": 0} == {
-        "index": 0, "name": "grep", "arguments": "def add", "ok": True, "output": "calc.py:1", "duration_s": 0,
-        "token_start": 10, "token_end": 19, "policy_version": 1,
+        "index": 0,
+        "name": "grep",
+        "arguments": "def add",
+        "ok": True,
+        "output": "calc.py:1",
+        "duration_s": 0,
+        "token_start": 10,
+        "token_end": 19,
+        "policy_version": 1,
     }
     assert body["reward"] == 0.5 and body["reward_detail"]["components"] == {"tests": 0.5}
     assert body["reward_detail"]["tests"] == [{"nodeid": "test_calc.py::test_add", "outcome": "passed"}]
@@ -64,8 +73,10 @@ async def test_trajectory_filters_and_pages(
         ("t-4", 1.0, "pybugs/1", (2, 2), "done"),
     ]
     for tid, reward, task, versions, reason in specs:
-        await graded(sessionmaker, make_graded(run_id, tid, reward=reward, task_id=task, versions=versions,
-                                               finish_reason=reason))
+        await graded(
+            sessionmaker,
+            make_graded(run_id, tid, reward=reward, task_id=task, versions=versions, finish_reason=reason),
+        )
 
     async def ids(**params: object) -> list[str]:
         body = (await client.get(f"/v1/runs/{run_id}/trajectories", params=params)).json()
@@ -87,7 +98,9 @@ async def test_trajectory_filters_and_pages(
             break
     assert sorted(seen) == [s[0] for s in specs] and len(seen) == 5
     summary = body["items"][-1]
-    assert summary["num_tool_calls"] == 1 and summary["trained_count"] == 0 and summary["trained_step"] is None
+    assert (
+        summary["num_tool_calls"] == 1 and summary["trained_count"] == 0 and summary["trained_step"] is None
+    )
 
 
 async def test_redelivery_counts_once_and_a_second_grading_counts_twice(
@@ -105,8 +118,12 @@ async def test_training_counts_are_idempotent_per_step_and_survive_any_arrival_o
     sessionmaker: Maker, client: AsyncClient, run_id: str, make_graded: Callable[..., GradedTrajectory]
 ) -> None:
     # The step that trains on t-late arrives before t-late itself is ingested.
-    await event(sessionmaker, run_id, "step", step=1, version=0, loss=0.9, trajectory_ids=["t-once", "t-late"])
-    await event(sessionmaker, run_id, "step", step=1, version=0, loss=0.9, trajectory_ids=["t-once", "t-late"])
+    await event(
+        sessionmaker, run_id, "step", step=1, version=0, loss=0.9, trajectory_ids=["t-once", "t-late"]
+    )
+    await event(
+        sessionmaker, run_id, "step", step=1, version=0, loss=0.9, trajectory_ids=["t-once", "t-late"]
+    )
     await event(sessionmaker, run_id, "step", step=2, version=1, loss=0.7, trajectory_ids=["t-twice"])
     await event(sessionmaker, run_id, "step", step=3, version=1, loss=0.5, trajectory_ids=["t-twice"])
     for tid in ("t-once", "t-late", "t-twice", "t-never"):
@@ -124,15 +141,44 @@ async def test_training_counts_are_idempotent_per_step_and_survive_any_arrival_o
         assert await session.scalar(select(func.count()).select_from(Step)) == 3
 
 
-async def test_steps_metrics_checkpoints_and_status(sessionmaker: Maker, client: AsyncClient, run_id: str) -> None:
+async def test_steps_metrics_checkpoints_and_status(
+    sessionmaker: Maker, client: AsyncClient, run_id: str
+) -> None:
     await event(sessionmaker, run_id, "run.status", status="running")
     for step in (1, 2, 3):
-        await event(sessionmaker, run_id, "step", step=step, version=step // 2, loss=1.0 / step, reward_mean=0.1 * step,
-                    staleness_mean=0.5, tokens=100 * step, note="text is not a series", trajectory_ids=[])
-    await event(sessionmaker, run_id, "checkpoint", version=1, step=2, manifest_uri="s3://crucible/m1.json",
-                num_tensors=12, size_bytes=3 * 2**31)
-    await event(sessionmaker, run_id, "checkpoint", version=1, step=2, manifest_uri="s3://crucible/m1.json",
-                num_tensors=12, size_bytes=3 * 2**31)
+        await event(
+            sessionmaker,
+            run_id,
+            "step",
+            step=step,
+            version=step // 2,
+            loss=1.0 / step,
+            reward_mean=0.1 * step,
+            staleness_mean=0.5,
+            tokens=100 * step,
+            note="text is not a series",
+            trajectory_ids=[],
+        )
+    await event(
+        sessionmaker,
+        run_id,
+        "checkpoint",
+        version=1,
+        step=2,
+        manifest_uri="s3://crucible/m1.json",
+        num_tensors=12,
+        size_bytes=3 * 2**31,
+    )
+    await event(
+        sessionmaker,
+        run_id,
+        "checkpoint",
+        version=1,
+        step=2,
+        manifest_uri="s3://crucible/m1.json",
+        num_tensors=12,
+        size_bytes=3 * 2**31,
+    )
     await event(sessionmaker, run_id, "run.status", status="finished")
     await event(sessionmaker, run_id, "run.status", status="running")  # a late duplicate must not reopen it
 
@@ -144,7 +190,11 @@ async def test_steps_metrics_checkpoints_and_status(sessionmaker: Maker, client:
 
     series = (await client.get(f"/v1/runs/{run_id}/metrics")).json()["series"]
     assert set(series) == {"loss", "reward_mean", "staleness_mean", "tokens"}
-    assert [(p["step"], p["version"], p["value"]) for p in series["tokens"]] == [(1, 0, 100), (2, 1, 200), (3, 1, 300)]
+    assert [(p["step"], p["version"], p["value"]) for p in series["tokens"]] == [
+        (1, 0, 100),
+        (2, 1, 200),
+        (3, 1, 300),
+    ]
     only = (await client.get(f"/v1/runs/{run_id}/metrics", params={"name": "loss"})).json()["series"]
     assert list(only) == ["loss"]
 

@@ -1,0 +1,102 @@
+"""`python -m services.api` as operators run it: real NATS, S3 and Redis, a migrated SQLite file."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import pytest
+
+from crucible.bus import Bus
+from crucible.contracts import subjects
+from crucible.contracts.messages import Event
+from crucible.db.migrate import upgrade_async
+from crucible.localstack.processes import free_ports
+from crucible.settings import CommonSettings
+from services.api.settings import Settings
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def _env(settings: CommonSettings) -> dict[str, str]:
+    values = {f"CRUCIBLE_{key.upper()}": str(value) for key, value in settings.model_dump().items()}
+    return {**os.environ, **values}
+
+
+def _start(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "services.api"], env=_env(settings), stdout=out, stderr=out
+        )
+
+
+def _wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            pytest.fail(f"api exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"api not ready after {timeout}s:\n{log.read_text()}")
+
+
+async def test_service_serves_rest_ingests_and_stops_cleanly(
+    common_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    database = f"sqlite+aiosqlite:///{tmp_path / 'crucible.db'}"
+    await upgrade_async(database)
+    (port,) = free_ports(count=1)
+    suffix = uuid.uuid4().hex[:8]
+    durables = {"graded_durable": f"api-graded-{suffix}", "events_durable": f"api-events-{suffix}"}
+    settings = common_settings(Settings, database_url=database, api_port=port, **durables)
+    log = tmp_path / "api.log"
+    proc = _start(settings, log)
+    bus = await Bus.connect(settings, name="api-service-test")
+    try:
+        base = f"http://127.0.0.1:{port}"
+        _wait_ready(base, proc, log)
+        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+            created = await client.post("/v1/runs", json={"name": "svc"})
+            assert created.status_code == 201, created.text
+            run_id = created.json()["run_id"]
+            assert (await client.get(f"/v1/runs/{run_id}/bogus")).status_code == 404
+            event = Event(run_id=run_id, kind="run.status", ts=time.time(), data={"status": "running"})
+            await bus.publish(subjects.events(run_id, "run.status"), event)
+            for _ in range(100):
+                if (await client.get(f"/v1/runs/{run_id}")).json()["status"] == "running":
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail(f"the event was not ingested:\n{log.read_text()}")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        await bus.js.delete_consumer(subjects.GRADED, durables["graded_durable"])
+        await bus.js.delete_consumer(subjects.EVENTS, durables["events_durable"])
+        await bus.close()
+
+
+def test_service_refuses_an_unmigrated_database(
+    common_settings: Callable[..., Settings], tmp_path: Path
+) -> None:
+    (port,) = free_ports(count=1)
+    settings = common_settings(Settings, database_url=f"sqlite:///{tmp_path / 'empty.db'}", api_port=port)
+    log = tmp_path / "api.log"
+    proc = _start(settings, log)
+    assert proc.wait(timeout=60) == 1
+    assert "schema revision none" in log.read_text() and "crucible.db.migrate upgrade" in log.read_text()
