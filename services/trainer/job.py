@@ -214,7 +214,7 @@ class RunJob:
             {
                 "step": self.step,
                 "version": self.version,
-                "metrics": metrics,
+                **metrics,
                 "trajectory_ids": [g.trajectory.trajectory_id for g in graded],
                 "stale_trajectory_ids": stale,
             },

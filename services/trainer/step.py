@@ -42,6 +42,7 @@ def train_step(
     stats.loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
+    model.update_router_biases()  # loss-free load balancing, from the load this step routed
     return {
         "loss": float(stats.loss.detach()),
         "grad_norm": float(grad_norm),

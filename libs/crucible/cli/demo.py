@@ -20,7 +20,7 @@ DEMO_CONFIG: dict[str, Any] = {
     "groups_per_step": 2,
     "max_steps": 6,
     "publish_every": 2,
-    "max_staleness": 2,
+    "max_staleness": 1,
     "max_turns": 3,
 }
 

@@ -14,6 +14,10 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+# A closed terminal (SIGHUP) stops the stack like Ctrl-C; SIGINT is handled even when a shell started
+# us in the background with it ignored.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
 if TYPE_CHECKING:
     from crucible.localstack import LocalStack
 
@@ -66,10 +70,10 @@ def up(
             ready_timeout_s=ready_timeout,
         )
     except ValueError as exc:
-        console.print(f"[red]crucible up: {exc}[/red]", highlight=False)
+        _error(console, f"crucible up: {exc}")
         raise typer.Exit(2) from None
 
-    previous = signal.signal(signal.SIGTERM, _interrupt)
+    previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
     try:
         with console.status("starting the stack…"):
             stack.start()
@@ -78,27 +82,41 @@ def up(
     except KeyboardInterrupt:
         pass
     except (ServerStartError, ServiceError, MigrationError) as exc:
-        console.print(f"[red]crucible up: {exc}[/red]", highlight=False, markup=False)
+        _error(console, f"crucible up: {exc}")
         raise typer.Exit(1) from None
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        with console.status("stopping…"):
-            stack.stop()
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, previous)
-    console.print("stopped")
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, signal.SIG_IGN)
+        _say(console, "stopping…")
+        stack.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    _say(console, "stopped")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def _error(console: Console, message: str) -> None:
+    console.print(message, style="red", markup=False, highlight=False)
+
+
+def _say(console: Console, message: str) -> None:
+    """Print unless the terminal is gone (a closed terminal must not keep the stack from stopping)."""
+    try:
+        console.print(message)
+    except OSError:
+        pass
+
+
 def _supervise(stack: LocalStack, console: Console) -> None:
     with Live(_table(stack), console=console, refresh_per_second=2) as live:
         while True:
             for name, code in stack.poll():
-                live.console.print(f"[red]{name} exited with code {code}[/red] (log: {_log_of(stack, name)})")
+                live.console.print(
+                    f"{name} exited with code {code} (log: {_log_of(stack, name)})", style="red", markup=False
+                )
             live.update(_table(stack))
             time.sleep(1.0)
 

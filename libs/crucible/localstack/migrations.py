@@ -7,28 +7,24 @@ import subprocess
 import sys
 from collections.abc import Mapping
 
-DATABASE_SCHEMES = ("sqlite+aiosqlite://", "postgresql+asyncpg://")
-
 
 class MigrationError(RuntimeError):
     """`python -m crucible.db.migrate upgrade` failed; the message carries its output."""
 
 
 def check_database_url(database_url: str) -> str:
-    if not database_url.startswith(DATABASE_SCHEMES):
-        raise ValueError(
-            f"unsupported database URL {database_url.split('://')[0]}://…; "
-            f"use postgresql+asyncpg://user@host:port/db or sqlite+aiosqlite:///path/to/file.db"
-        )
-    return database_url
+    """The URL with its async driver (postgresql:// becomes postgresql+asyncpg://); ValueError names the
+    scheme, never the password, when the database is not one Crucible supports."""
+    from crucible.db.session import async_url
+
+    return async_url(database_url)
 
 
 def run_migrations(
     *, database_url: str, env: Mapping[str, str] | None = None, timeout_s: float = 300.0
 ) -> str:
     """Upgrade the schema at `database_url` to the newest migration; returns the tool's output."""
-    check_database_url(database_url)
-    child_env = {**os.environ, **(env or {}), "CRUCIBLE_DATABASE_URL": database_url}
+    child_env = {**os.environ, **(env or {}), "CRUCIBLE_DATABASE_URL": check_database_url(database_url)}
     try:
         done = subprocess.run(
             [sys.executable, "-m", "crucible.db.migrate", "upgrade"],

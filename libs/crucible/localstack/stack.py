@@ -58,7 +58,7 @@ class LocalStack:
         if unknown:
             raise ValueError(f"unknown service(s) {', '.join(unknown)}; known: {', '.join(SERVICES)}")
         if database_url is not None:
-            check_database_url(database_url)
+            database_url = check_database_url(database_url)
         if not 0 <= api_port <= 65535:
             raise ValueError(f"api_port must be 0..65535, got {api_port}")
         self.service_names = tuple(dict.fromkeys(services))

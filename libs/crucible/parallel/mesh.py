@@ -8,7 +8,9 @@ inside a group with all-to-all. Ranks with the same position in their groups hol
 they form the experts' own data-parallel mesh (`expert_replicate` x `expert_shard`), which FSDP shards
 like the dense mesh when the expert group fits inside a shard group and replicates otherwise.
 
-Rank layout, row-major: dense rank = r * shard + s; expert rank = ((er * es) + ei) * ep + e.
+Both meshes are row-major over the same ranks: rank = replicate_index * shard + shard_index, and
+rank = (expert_replicate_index * expert_shard + expert_shard_index) * expert + expert_index. So an
+expert group lies inside one shard group whenever `expert` divides `shard`.
 """
 
 from __future__ import annotations

@@ -39,14 +39,12 @@ def parallelize(model: Transformer, *, mesh: ParallelMesh) -> Transformer:
 
 
 def build_optimizer(model: Transformer, *, config: OptimizerConfig) -> torch.optim.AdamW:
-    # foreach kernels take one mesh at a time; dense and expert shards live on two meshes.
     return torch.optim.AdamW(
         model.parameters(),
         lr=config.lr,
         betas=config.betas,
         eps=config.eps,
         weight_decay=config.weight_decay,
-        foreach=False,
     )
 
 

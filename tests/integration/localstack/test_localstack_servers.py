@@ -12,10 +12,11 @@ from pathlib import Path
 import nats
 import pytest
 import redis
-from crucible.localstack import Server, ServerStartError, start_nats, start_redis, start_seaweedfs
-from crucible.localstack.processes import LOOPBACK, port_open
 from minio import Minio
 from minio.error import S3Error
+
+from crucible.localstack import Server, ServerStartError, start_nats, start_redis, start_seaweedfs
+from crucible.localstack.processes import LOOPBACK, port_open
 
 pytestmark = pytest.mark.integration
 

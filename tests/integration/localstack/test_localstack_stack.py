@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from crucible.localstack import LocalStack, MigrationError, ServiceError, run_migrations
 from crucible.settings import CommonSettings
 
@@ -56,7 +57,7 @@ async def test_async_context_manager_reuses_given_servers(
         state_dir=tmp_path,
         nats_url=nats_url,
         redis_url=redis_url,
-        database_url=postgres_url,
+        database_url=postgres_url.replace("+asyncpg", ""),
         **s3_kwargs(s3),
     ) as stack:
         assert stack.servers == {}
@@ -125,7 +126,7 @@ def test_migrates_the_database_before_the_api_starts(tmp_path: Path, s3: dict[st
     [
         ({"services": ("catalog", "nope")}, "unknown service"),
         ({"service_env": {"nope": {}}}, "unknown service"),
-        ({"database_url": "postgresql://postgres@127.0.0.1/db"}, "use postgresql\\+asyncpg://"),
+        ({"database_url": "mysql://root:hunter2@127.0.0.1/db"}, "unsupported database URL scheme 'mysql'"),
         ({"api_port": 70000}, "api_port must be"),
     ],
 )
