@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+
 from crucible.localstack.processes import LOOPBACK, port_open
 from crucible.localstack.servers import jetstream_ready, start_nats, start_redis, start_seaweedfs
 from crucible.settings import CommonSettings

@@ -36,6 +36,7 @@ log = structlog.get_logger("crucible.bus")
 CLAIM_HEADER = "Crucible-Claim"
 ERROR_HEADER = "Crucible-Error"
 DEDUP_WINDOW_S = 6 * 3600.0
+CONNECT_ATTEMPTS = 5
 _NO_REPLY = b""
 
 
@@ -122,16 +123,18 @@ class Bus:
             log.warning("nats error", error=str(exc))
 
         try:
+            # A few attempts to come up; once connected, reconnect for as long as it takes.
             nc = await nats.connect(
                 settings.nats_url,
                 name=f"crucible-{name}",
                 connect_timeout=5,
-                max_reconnect_attempts=-1,
+                max_reconnect_attempts=CONNECT_ATTEMPTS,
                 reconnect_time_wait=1,
                 error_cb=on_error,
             )
         except Exception as exc:  # nats raises several unrelated types for an unreachable server
             raise BusError(f"cannot connect to NATS at {settings.nats_url}: {exc}") from exc
+        nc.options["max_reconnect_attempts"] = -1
         return cls(nc, store=store, name=name, claim_check_bytes=settings.claim_check_bytes)
 
     async def ensure_streams(self) -> None:

@@ -14,6 +14,15 @@ UrlOption = Annotated[str | None, typer.Option(help="Database URL; default: CRUC
 cli = typer.Typer(help="Database schema migrations.", no_args_is_help=True, add_completion=False)
 
 
+def _redact(url: str) -> str:
+    """The URL without its password, for messages."""
+    scheme, sep, rest = url.partition("://")
+    if "@" not in rest:
+        return url
+    credentials, _, host = rest.rpartition("@")
+    return f"{scheme}{sep}{credentials.split(':')[0]}@{host}"
+
+
 def _url(url: str | None) -> str:
     if url:
         return url
@@ -25,9 +34,16 @@ def _url(url: str | None) -> str:
 @cli.command("upgrade")
 def upgrade(revision: str = "head", url: UrlOption = None) -> None:
     """Migrate the schema up to REVISION (default: the newest)."""
+    from sqlalchemy.exc import SQLAlchemyError
+
     from crucible.db import migrate
 
-    migrate.upgrade(_url(url), revision)
+    url = _url(url)
+    try:
+        migrate.upgrade(url, revision)
+    except (OSError, SQLAlchemyError, ValueError) as exc:
+        typer.echo(f"crucible db upgrade: cannot migrate {_redact(url)}: {type(exc).__name__}: {exc}", err=True)
+        raise typer.Exit(1) from None
     typer.echo(f"database at {revision}")
 
 

@@ -204,6 +204,7 @@ def _wait_ready(server: Server, *, probe: Callable[[], bool], timeout_s: float) 
     deadline = time.monotonic() + timeout_s
     while True:
         if not server.alive():
+            server.stop()
             raise ServerStartError(
                 f"{server.name} exited with code {server.process.returncode} while starting; "
                 f"last log lines ({server.log_path}):\n{server.log_tail()}"

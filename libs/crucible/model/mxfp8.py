@@ -95,13 +95,21 @@ def dequantize_mxfp8(
 
 
 def fake_quantize_mxfp8(x: torch.Tensor, *, dim: int = -1, block_size: int = 32) -> torch.Tensor:
-    """Quantize then dequantize in fp32, zero-padding `dim` to a whole number of blocks and back."""
+    """dequantize(quantize(x)) in fp32, bit for bit, without materialising the encodings; `dim` is
+    zero-padded to a whole number of blocks and cut back."""
     dim = dim % x.dim()
     size = x.shape[dim]
     pad = -size % block_size
+    xt = x.movedim(dim, -1).to(torch.float32)
     if pad:
-        widths = [0, 0] * (x.dim() - 1 - dim) + [0, pad]
-        x = torch.nn.functional.pad(x, widths)
-    data, scales = quantize_mxfp8(x, block_size=block_size, dim=dim)
-    out = dequantize_mxfp8(data, scales, block_size=block_size, dim=dim)
-    return out.narrow(dim, 0, size) if pad else out
+        xt = torch.nn.functional.pad(xt, (0, pad))
+    xt = xt.contiguous()
+    blocks = xt.view(*xt.shape[:-1], xt.shape[-1] // block_size, block_size)
+    amax = blocks.abs().amax(dim=-1, keepdim=True)
+    finite = torch.isfinite(amax)
+    exp = rceil_exponent(torch.where(finite, amax, 0.0))
+    q = (blocks * pow2(-exp)).to(torch.float8_e4m3fn).to(torch.float32) * pow2(exp)
+    q = torch.where(finite, q, torch.nan).view(xt.shape)
+    if pad:
+        q = q[..., :size]
+    return q.movedim(-1, dim)

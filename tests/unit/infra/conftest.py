@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from crucible.localstack import SERVICES
 
 REPO = Path(__file__).resolve().parents[3]

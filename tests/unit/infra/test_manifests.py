@@ -12,6 +12,7 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+
 from crucible.localstack import SERVICES
 from crucible.localstack.processes import find_binary
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from crucible.model.mxfp8 import dequantize_mxfp8, quantize_mxfp8
+from crucible.model.mxfp8 import dequantize_mxfp8, fake_quantize_mxfp8, quantize_mxfp8
 from crucible.model.mxfp8_reference import dequantize_value, quantize_block
 
 F32 = torch.float32
@@ -172,3 +172,17 @@ def test_reference_on_hand_computed_blocks():
     data, scale = quantize_block([449.0, -1.0] + [0.0] * 30)
     assert (scale, data[0], data[1]) == (128, 0x76, 0x80 | 0x30)  # -1 / 2 = -0.5 = 2^-1 -> exponent 6
     assert dequantize_value(0x76, 128) == 448.0 and dequantize_value(0x01, 127) == 2.0**-9
+
+
+def test_fake_quantize_is_dequantize_of_quantize_and_pads_ragged_dims():
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(5, 64, 40, generator=g) * torch.exp2(torch.randint(-130, 100, (5, 64, 1), generator=g).float())
+    x[0, 0, 0], x[1, 2, 3], x[2, 0, :] = math.nan, -math.inf, 0.0
+    for dim in (0, 1, 2):
+        got = fake_quantize_mxfp8(x, dim=dim)
+        size = x.shape[dim]
+        padded = torch.nn.functional.pad(x.movedim(dim, -1), (0, -size % 32)).movedim(-1, dim)
+        want = dequantize_mxfp8(*quantize_mxfp8(padded, dim=dim), dim=dim).narrow(dim, 0, size)
+        assert got.shape == x.shape
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.masked_fill(got.isnan(), 0), want.masked_fill(want.isnan(), 0))
