@@ -80,7 +80,7 @@ class PolicyEngine:
             raise RuntimeError("no weights loaded yet")
         return EpisodeState(cache=self._current[0].new_cache(batch_size=1, max_len=self.max_context))
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def _feed(self, model: Transformer, state: EpisodeState) -> torch.Tensor:
         """Run the not-yet-fed tokens through the model; returns the last position's logits [V]."""
         pending = torch.tensor([state.tokens[state.fed :]], dtype=torch.long)
@@ -90,7 +90,7 @@ class PolicyEngine:
         state.fed = len(state.tokens)
         return out.logits[0, -1]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def sample_action(self, state: EpisodeState, *, generator: torch.Generator) -> tuple[str | None, str, bool]:
         """Sample `<tool:NAME> ARGS <end>` after the `<act>` already in `state`.
 
@@ -125,7 +125,7 @@ class PolicyEngine:
             state.append_env([tokenizer.END], self.version)
         return name, bytes(args).decode("utf-8", "replace"), False
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def finish(self, state: EpisodeState) -> None:
         """Feed the trailing tokens so that every position has its routing recorded."""
         if state.fed < len(state) and self._current is not None:

@@ -151,10 +151,10 @@ def start_seaweedfs(*, state_dir: Path, access_key: str, secret_key: str, timeou
         "-master.telemetry=false",
         f"-master.port={master}",
         f"-master.port.grpc={master_grpc}",
-        "-master.volumeSizeLimitMB=1024",
+        "-master.volumeSizeLimitMB=256",
         f"-volume.port={volume}",
         f"-volume.port.grpc={volume_grpc}",
-        "-volume.max=0",
+        "-volume.max=2000",
         "-volume.preStopSeconds=0",
         "-filer",
         f"-filer.port={filer}",
@@ -168,8 +168,10 @@ def start_seaweedfs(*, state_dir: Path, access_key: str, secret_key: str, timeou
         "-s3.port.lance=0",
         f"-s3.localSocket={home / 's3.sock'}",
     ]
-    # SeaweedFS writes its own log files to TMPDIR; keep them in the state dir.
-    env = {**os.environ, "TMPDIR": str(home)}
+    # SeaweedFS writes its own log files to TMPDIR; keep them in the state dir. Each bucket is a
+    # collection that grows 7 volumes at a time by default: one is plenty here, and lets many buckets
+    # (one per test) live on one server.
+    env = {**os.environ, "TMPDIR": str(home), "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
     server = _launch("seaweedfs", argv, home=home, port=s3, url=f"http://{LOOPBACK}:{s3}", env=env)
     # It takes ~30 s to exit on SIGTERM and keeps nothing a test or demo needs: a short grace, then SIGKILL.
     server.stop_grace_s = 1.0

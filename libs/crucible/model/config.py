@@ -46,8 +46,8 @@ class ModelConfig:
             problems.append(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
         if (self.dim // self.n_heads) % 2:
             problems.append("head_dim must be even for rotary embeddings")
-        if self.num_experts < 0 or self.num_experts > 256:
-            problems.append("num_experts must be in [0, 256] (routes travel as u8)")
+        if self.num_experts < 0 or self.num_experts > 255:
+            problems.append("num_experts must be in [0, 255] (routes travel as u8, 255 = not recorded)")
         if self.num_experts and not 1 <= self.top_k <= self.num_experts:
             problems.append(f"top_k {self.top_k} must be in [1, num_experts={self.num_experts}]")
         if not 0 <= self.first_moe_layer <= self.n_layers:
@@ -69,6 +69,25 @@ class ModelConfig:
             return ()
         return tuple(range(self.first_moe_layer, self.n_layers))
 
+    def param_count(self, *, active: bool = False) -> int:
+        """Parameters of the model; with `active`, only those one token uses (top_k of the experts)."""
+        d, hd = self.dim, self.head_dim
+        attention = d * (self.n_heads + 2 * self.n_kv_heads) * hd + self.n_heads * hd * d + 2 * d
+        dense_ffn = 3 * d * self.ffn_dim
+        experts = (self.top_k if active else self.num_experts) * 3 * d * self.expert_dim
+        moe_ffn = experts + 3 * d * self.shared_expert_dim + self.num_experts * d
+        n_moe = len(self.moe_layers)
+        head = 0 if self.tie_embeddings else self.vocab_size * d
+        layers = self.n_layers * attention + (self.n_layers - n_moe) * dense_ffn + n_moe * moe_ffn
+        return self.vocab_size * d + layers + d + head
+
+    def dense_equivalent(self) -> ModelConfig:
+        """A dense model with the same active parameters per token (FFN width top_k * expert_dim + shared)."""
+        if not self.num_experts:
+            return self
+        width = self.top_k * self.expert_dim + self.shared_expert_dim
+        return dataclasses.replace(self, num_experts=0, ffn_dim=width, shared_expert_dim=0)
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
@@ -86,19 +105,57 @@ PRESETS: dict[str, ModelConfig] = {
     "tiny": ModelConfig(),
     "tiny-dense": ModelConfig(num_experts=0, ffn_dim=128),
     "small": ModelConfig(
-        dim=512, n_layers=8, n_heads=8, n_kv_heads=2, ffn_dim=1536, num_experts=16, top_k=2,
-        expert_dim=384, shared_expert_dim=384, first_moe_layer=1, max_seq_len=8192,
+        dim=512,
+        n_layers=8,
+        n_heads=8,
+        n_kv_heads=2,
+        ffn_dim=1536,
+        num_experts=16,
+        top_k=2,
+        expert_dim=384,
+        shared_expert_dim=384,
+        first_moe_layer=1,
+        max_seq_len=8192,
     ),
     "1b-a200m": ModelConfig(
-        dim=1024, n_layers=16, n_heads=16, n_kv_heads=4, ffn_dim=4096, num_experts=64, top_k=6,
-        expert_dim=512, shared_expert_dim=1024, first_moe_layer=1, max_seq_len=32768, rope_theta=500_000.0,
+        dim=1024,
+        n_layers=16,
+        n_heads=16,
+        n_kv_heads=4,
+        ffn_dim=4096,
+        num_experts=64,
+        top_k=6,
+        expert_dim=512,
+        shared_expert_dim=1024,
+        first_moe_layer=1,
+        max_seq_len=32768,
+        rope_theta=500_000.0,
     ),
     "16b-a3b": ModelConfig(
-        dim=2048, n_layers=28, n_heads=16, n_kv_heads=4, ffn_dim=10944, num_experts=64, top_k=6,
-        expert_dim=1408, shared_expert_dim=2816, first_moe_layer=1, max_seq_len=32768, rope_theta=500_000.0,
+        dim=2048,
+        n_layers=28,
+        n_heads=16,
+        n_kv_heads=4,
+        ffn_dim=10944,
+        num_experts=64,
+        top_k=6,
+        expert_dim=1408,
+        shared_expert_dim=2816,
+        first_moe_layer=1,
+        max_seq_len=32768,
+        rope_theta=500_000.0,
     ),
     "30b-a3b": ModelConfig(
-        dim=2048, n_layers=48, n_heads=32, n_kv_heads=4, ffn_dim=6144, num_experts=128, top_k=8,
-        expert_dim=768, first_moe_layer=0, max_seq_len=32768, rope_theta=1_000_000.0,
+        dim=2048,
+        n_layers=48,
+        n_heads=32,
+        n_kv_heads=4,
+        ffn_dim=6144,
+        num_experts=128,
+        top_k=8,
+        expert_dim=768,
+        first_moe_layer=0,
+        max_seq_len=32768,
+        rope_theta=1_000_000.0,
     ),
 }

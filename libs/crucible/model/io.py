@@ -15,7 +15,11 @@ CONFIG_KEY = "crucible.model_config"
 
 
 def save_safetensors(
-    model: nn.Module, path: str | os.PathLike, *, dtype: torch.dtype | None = None, metadata: dict[str, str] | None = None
+    model: nn.Module,
+    path: str | os.PathLike,
+    *,
+    dtype: torch.dtype | None = None,
+    metadata: dict[str, str] | None = None,
 ) -> None:
     """Write every persistent tensor of `model` (fp32 masters unless `dtype` is given)."""
     tensors = {}
@@ -38,12 +42,17 @@ def load_safetensors(model: nn.Module, path: str | os.PathLike) -> None:
         names = set(f.keys())
         missing, unexpected = sorted(set(expected) - names), sorted(names - set(expected))
         if missing or unexpected:
-            raise ValueError(f"{os.fspath(path)} does not match the model: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            raise ValueError(
+                f"{os.fspath(path)} does not match the model: "
+                f"missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
         loaded = {}
         for name in expected:
             t = f.get_tensor(name)
             if t.shape != expected[name].shape:
-                raise ValueError(f"{name}: file has shape {tuple(t.shape)}, model has {tuple(expected[name].shape)}")
+                raise ValueError(
+                    f"{name}: file has shape {tuple(t.shape)}, model has {tuple(expected[name].shape)}"
+                )
             loaded[name] = t
     with torch.no_grad():
         for name, target in expected.items():

@@ -34,7 +34,9 @@ class KVCache:
         if batch_size <= 0 or max_len <= 0:
             raise ValueError(f"batch_size and max_len must be positive, got {batch_size}, {max_len}")
         shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
-        return cls(k=torch.zeros(shape, dtype=dtype, device=device), v=torch.zeros(shape, dtype=dtype, device=device))
+        return cls(
+            k=torch.zeros(shape, dtype=dtype, device=device), v=torch.zeros(shape, dtype=dtype, device=device)
+        )
 
     @property
     def batch_size(self) -> int:
@@ -53,7 +55,9 @@ class KVCache:
             raise ValueError(f"cannot truncate a cache of length {self.length} to {length}")
         self.length = length
 
-    def write(self, layer: int, k_BHTd: torch.Tensor, v_BHTd: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def write(
+        self, layer: int, k_BHTd: torch.Tensor, v_BHTd: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Store the new positions' keys and values; return all keys and values up to them."""
         start, end = self.length, self.length + k_BHTd.shape[2]
         self.k[layer, :, :, start:end] = k_BHTd.to(self.k.dtype)

@@ -28,7 +28,7 @@ def bf16_operand(t: torch.Tensor) -> torch.Tensor:
 
 def bf16_weight(w: torch.Tensor) -> torch.Tensor:
     """bf16_operand(w); outside autograd the copy is kept and reused until w changes (decoding speed)."""
-    if torch.is_grad_enabled() and w.requires_grad:
+    if torch.is_grad_enabled():
         return bf16_operand(w)
     key = (w._version, w.data_ptr())
     hit = _BF16_COPIES.get(w)
@@ -37,6 +37,11 @@ def bf16_weight(w: torch.Tensor) -> torch.Tensor:
     copy = bf16_operand(w.detach())
     _BF16_COPIES[w] = (key, copy)
     return copy
+
+
+def _native_grouped_mm(x_MK: torch.Tensor, w_ENK: torch.Tensor) -> bool:
+    """One grouped-GEMM kernel on CUDA (rows 16-byte aligned in bf16); elsewhere a loop over experts."""
+    return x_MK.is_cuda and x_MK.shape[1] % 8 == 0 and w_ENK.shape[1] % 8 == 0
 
 
 def check_precision(precision: str) -> str:
@@ -56,16 +61,34 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, precision: str) -> torch.Tensor:
     raise ValueError(f"unknown precision {precision!r}")
 
 
-def grouped_linear(x_MK: torch.Tensor, w_ENK: torch.Tensor, counts: list[int], *, precision: str) -> torch.Tensor:
+def grouped_linear(
+    x_MK: torch.Tensor, w_ENK: torch.Tensor, counts: list[int], *, precision: str
+) -> torch.Tensor:
     """Rows of x grouped by expert (`counts[e]` rows for expert e), each group times w[e].T."""
     if len(counts) != w_ENK.shape[0] or sum(counts) != x_MK.shape[0]:
         raise ValueError(f"counts {counts} do not match {x_MK.shape[0]} rows and {w_ENK.shape[0]} experts")
     if precision == "mxfp8":
         return mx_grouped_mm(x_MK, w_ENK, counts)
+    if precision == "bf16" and _native_grouped_mm(x_MK, w_ENK):
+        offs = torch.tensor(counts, device=x_MK.device).cumsum(0).to(torch.int32)
+        return F.grouped_mm(x_MK.to(torch.bfloat16), bf16_weight(w_ENK).transpose(-2, -1), offs=offs)
     if precision == "bf16":
         x_MK, w_ENK = bf16_operand(x_MK), bf16_weight(w_ENK)
     elif precision != "fp32":
         raise ValueError(f"unknown precision {precision!r}")
     out = [F.linear(g, w_ENK[e]) for e, g in enumerate(x_MK.split(counts)) if counts[e]]
     y = torch.cat(out) if out else x_MK.new_zeros(0, w_ENK.shape[1])
+    return y.to(torch.bfloat16) if precision == "bf16" else y
+
+
+def gathered_linear(
+    x_MK: torch.Tensor, w_ENK: torch.Tensor, expert_M: torch.Tensor, *, precision: str
+) -> torch.Tensor:
+    """Row m times w[expert_M[m]].T by gathering each row's weights: for a handful of rows (decoding),
+    where sorting rows into groups costs more than the products. fp32 and bf16 only."""
+    if precision == "bf16":
+        x_MK, w_ENK = bf16_operand(x_MK), bf16_weight(w_ENK)
+    elif precision != "fp32":
+        raise ValueError(f"gathered_linear does not run at precision {precision!r}")
+    y = torch.bmm(w_ENK[expert_M], x_MK.unsqueeze(-1)).squeeze(-1)
     return y.to(torch.bfloat16) if precision == "bf16" else y

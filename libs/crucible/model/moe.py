@@ -15,7 +15,7 @@ from torch import nn
 
 from crucible.model.config import ModelConfig
 from crucible.model.layers import FeedForward
-from crucible.model.matmul import grouped_linear
+from crucible.model.matmul import gathered_linear, grouped_linear
 
 
 class Router(nn.Module):
@@ -34,7 +34,9 @@ class Router(nn.Module):
         self.register_buffer("expert_bias", torch.zeros(num_experts))
         self.register_buffer("tokens_per_expert", torch.zeros(num_experts), persistent=False)
 
-    def forward(self, x_ND: torch.Tensor, replay_NK: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x_ND: torch.Tensor, replay_NK: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert ids [N, k] and their combine weights [N, k] (fp32).
 
         With `replay_NK`, those expert ids are used instead of the router's own choice, except rows
@@ -77,16 +79,27 @@ class GroupedExperts(nn.Module):
         h = h * grouped_linear(x_MD, self.w3_EFD, counts, precision=p)
         return grouped_linear(h, self.w2_EDF, counts, precision=p)
 
+    def forward_rows(self, x_MD: torch.Tensor, expert_M: torch.Tensor) -> torch.Tensor:
+        """Each row through its own expert `expert_M[m]`, gathering weights (few rows; not mxfp8)."""
+        p = self.precision
+        h = F.silu(gathered_linear(x_MD, self.w1_EFD, expert_M, precision=p))
+        h = h * gathered_linear(x_MD, self.w3_EFD, expert_M, precision=p)
+        return gathered_linear(h, self.w2_EDF, expert_M, precision=p)
+
 
 class MoE(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_experts, self.top_k = cfg.num_experts, cfg.top_k
-        self.router = Router(cfg.dim, num_experts=cfg.num_experts, top_k=cfg.top_k, route_scale=cfg.route_scale)
+        self.router = Router(
+            cfg.dim, num_experts=cfg.num_experts, top_k=cfg.top_k, route_scale=cfg.route_scale
+        )
         self.experts = GroupedExperts(cfg.dim, cfg.expert_dim, num_experts=cfg.num_experts)
         self.shared_expert = FeedForward(cfg.dim, cfg.shared_expert_dim) if cfg.shared_expert_dim else None
 
-    def forward(self, x_BTD: torch.Tensor, replay_BTK: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x_BTD: torch.Tensor, replay_BTK: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Output [B, T, D] and the expert ids used [B, T, k]."""
         B, T, D = x_BTD.shape
         x_ND = x_BTD.reshape(B * T, D)
@@ -101,9 +114,22 @@ class MoE(nn.Module):
         """Send each token to its k experts and return the weighted sum of their outputs [N, D]."""
         N, K = ids_NK.shape
         flat = ids_NK.flatten()
+        if self._gather_experts(x_ND, N * K):
+            y_flat = self.experts.forward_rows(x_ND.repeat_interleave(K, dim=0), flat)
+            return (y_flat.view(N, K, -1) * weights_NK.unsqueeze(-1)).sum(dim=1)
         order = torch.argsort(flat, stable=True)
         counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         y_sorted = self.experts(x_ND[order // K], counts)
         y_flat = torch.empty_like(y_sorted)
         y_flat[order] = y_sorted
         return (y_flat.view(N, K, -1) * weights_NK.unsqueeze(-1)).sum(dim=1)
+
+    def _gather_experts(self, x_ND: torch.Tensor, slots: int) -> bool:
+        """CPU decoding of a few tokens: gathering each slot's expert weights beats sorting into groups
+        (op overhead dominates there; on GPUs the grouped kernel reads each expert once instead)."""
+        return (
+            slots <= self.num_experts
+            and x_ND.device.type == "cpu"
+            and self.experts.precision != "mxfp8"
+            and not torch.is_grad_enabled()
+        )

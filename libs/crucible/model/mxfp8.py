@@ -55,7 +55,9 @@ def pow2(exp: torch.Tensor) -> torch.Tensor:
     return bits.view(torch.float32)
 
 
-def quantize_mxfp8(x: torch.Tensor, *, block_size: int = 32, dim: int = -1) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_mxfp8(
+    x: torch.Tensor, *, block_size: int = 32, dim: int = -1
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize `x` in blocks of `block_size` along `dim`.
 
     Returns (data, scales): data is float8_e4m3fn with x's shape, scales is float8_e8m0fnu with x's
@@ -81,12 +83,16 @@ def dequantize_mxfp8(
 ) -> torch.Tensor:
     """Inverse of quantize_mxfp8, exact in float32 (a NaN scale gives a NaN block)."""
     if data.dtype != torch.float8_e4m3fn or scales.dtype != torch.float8_e8m0fnu:
-        raise TypeError(f"expected float8_e4m3fn data and float8_e8m0fnu scales, got {data.dtype}, {scales.dtype}")
+        raise TypeError(
+            f"expected float8_e4m3fn data and float8_e8m0fnu scales, got {data.dtype}, {scales.dtype}"
+        )
     dim = dim % data.dim()
     expected = list(data.shape)
     expected[dim] //= block_size
     if data.shape[dim] % block_size or list(scales.shape) != expected:
-        raise ValueError(f"scales {tuple(scales.shape)} do not match data {tuple(data.shape)} in blocks of {block_size}")
+        raise ValueError(
+            f"scales {tuple(scales.shape)} do not match data {tuple(data.shape)} in blocks of {block_size}"
+        )
     d = data.movedim(dim, -1).to(torch.float32)
     s_bits = scales.movedim(dim, -1).view(torch.uint8).to(torch.int32)
     s = torch.where(s_bits == E8M0_NAN, torch.nan, pow2(s_bits.clamp(max=254) - E8M0_BIAS))

@@ -70,5 +70,9 @@ def dequantize_value(bits: int, scale_bits: int) -> float:
         return math.nan
     sign = -1 if bits & 0x80 else 1
     exp, mant = (bits >> 3) & 0xF, bits & 7
-    value = Fraction(mant, 8) * Fraction(2) ** -6 if exp == 0 else (1 + Fraction(mant, 8)) * Fraction(2) ** (exp - 7)
+    value = (
+        Fraction(mant, 8) * Fraction(2) ** -6
+        if exp == 0
+        else (1 + Fraction(mant, 8)) * Fraction(2) ** (exp - 7)
+    )
     return float(sign * value * Fraction(2) ** (scale_bits - 127))

@@ -34,7 +34,12 @@ class TransformerBlock(nn.Module):
             self.feed_forward = FeedForward(cfg.dim, cfg.ffn_dim)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: KVCache | None, replay: torch.Tensor | None
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        cache: KVCache | None,
+        replay: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         h = x + self.attention(self.attention_norm(x), cos, sin, cache)
         if hasattr(self, "moe"):
@@ -70,19 +75,31 @@ class Transformer(nn.Module):
             if module is not self and hasattr(module, "precision"):
                 module.precision = precision
         self.head_precision = "fp32" if precision == "fp32" else "bf16"
+        if self.output is not None:
+            self.output.precision = self.head_precision
 
     @property
     def moe_layers(self) -> list[MoE]:
         return [block.moe for block in self.layers if hasattr(block, "moe")]
 
     def new_cache(
-        self, *, batch_size: int, max_len: int, dtype: torch.dtype = torch.float32, device: torch.device | str | None = None
+        self,
+        *,
+        batch_size: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
     ) -> KVCache:
         if max_len > self.cfg.max_seq_len:
             raise ValueError(f"max_len {max_len} exceeds the model's max_seq_len {self.cfg.max_seq_len}")
         return KVCache.empty(
-            n_layers=self.cfg.n_layers, batch_size=batch_size, n_kv_heads=self.cfg.n_kv_heads, max_len=max_len,
-            head_dim=self.cfg.head_dim, dtype=dtype, device=device or self.rope_cos.device,
+            n_layers=self.cfg.n_layers,
+            batch_size=batch_size,
+            n_kv_heads=self.cfg.n_kv_heads,
+            max_len=max_len,
+            head_dim=self.cfg.head_dim,
+            dtype=dtype,
+            device=device or self.rope_cos.device,
         )
 
     def forward(
@@ -108,8 +125,11 @@ class Transformer(nn.Module):
                 moe_index += 1
         if cache is not None:
             cache.length += T
-        head = self.tok_embeddings.weight if self.output is None else self.output.weight
-        logits = linear(self.norm(x), head, precision=self.head_precision)
+        h = self.norm(x)
+        if self.output is None:
+            logits = linear(h, self.tok_embeddings.weight, precision=self.head_precision)
+        else:
+            logits = self.output(h)
         return ModelOutput(logits=logits.float(), routes=torch.stack(chosen, dim=2) if chosen else None)
 
     @torch.no_grad()
@@ -120,7 +140,10 @@ class Transformer(nn.Module):
 
     def _check_tokens(self, tokens_BT: torch.Tensor, cache: KVCache | None) -> None:
         if tokens_BT.dim() != 2 or tokens_BT.dtype not in (torch.int64, torch.int32):
-            raise ValueError(f"tokens must be an int64 [batch, time] tensor, got {tokens_BT.dtype} {tuple(tokens_BT.shape)}")
+            raise ValueError(
+                "tokens must be an int64 [batch, time] tensor, "
+                f"got {tokens_BT.dtype} {tuple(tokens_BT.shape)}"
+            )
         if tokens_BT.numel() == 0:
             raise ValueError("tokens must not be empty")
         lo, hi = torch.aminmax(tokens_BT)
@@ -139,7 +162,10 @@ class Transformer(nn.Module):
         if not self.moe_layers:
             raise ValueError("routes given to a model without MoE layers")
         if tuple(routes.shape) != expected or routes.dtype not in (torch.int64, torch.int32, torch.uint8):
-            raise ValueError(f"routes must be an integer tensor of shape {expected}, got {routes.dtype} {tuple(routes.shape)}")
+            raise ValueError(
+                f"routes must be an integer tensor of shape {expected}, "
+                f"got {routes.dtype} {tuple(routes.shape)}"
+            )
         fresh = routes < 0
         if (fresh.any(-1) != fresh.all(-1)).any():
             raise ValueError("a token's routes in one layer must be all recorded or all -1")

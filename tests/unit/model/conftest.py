@@ -22,8 +22,17 @@ def _one_thread():
 def cfg() -> ModelConfig:
     """Two layers, the second with 4 experts (top 2) and a shared expert."""
     return dataclasses.replace(
-        PRESETS["tiny"], dim=32, n_heads=4, n_kv_heads=2, ffn_dim=64, expert_dim=32, num_experts=4, top_k=2,
-        shared_expert_dim=16, first_moe_layer=0, max_seq_len=128,
+        PRESETS["tiny"],
+        dim=32,
+        n_heads=4,
+        n_kv_heads=2,
+        ffn_dim=64,
+        expert_dim=32,
+        num_experts=4,
+        top_k=2,
+        shared_expert_dim=16,
+        first_moe_layer=0,
+        max_seq_len=128,
     )
 
 

@@ -30,10 +30,19 @@ def test_state_dict_names_are_stable(cfg, tmp_path):
     expected = {"tok_embeddings.weight", "norm.weight", "output.weight"}
     expected |= {f"layers.{i}.{n}" for i in range(2) for n in per_layer}
     expected |= {f"layers.0.feed_forward.{w}.weight" for w in ("w1", "w2", "w3")}
-    expected |= {f"layers.1.moe.{n}" for n in (
-        "router.weight", "router.expert_bias", "experts.w1_EFD", "experts.w2_EDF", "experts.w3_EFD",
-        "shared_expert.w1.weight", "shared_expert.w2.weight", "shared_expert.w3.weight",
-    )}
+    expected |= {
+        f"layers.1.moe.{n}"
+        for n in (
+            "router.weight",
+            "router.expert_bias",
+            "experts.w1_EFD",
+            "experts.w2_EDF",
+            "experts.w3_EFD",
+            "shared_expert.w1.weight",
+            "shared_expert.w2.weight",
+            "shared_expert.w3.weight",
+        )
+    }
     assert names == expected
 
 

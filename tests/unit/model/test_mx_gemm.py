@@ -33,7 +33,11 @@ def test_linear_quantizes_each_gemm_along_its_reduction_dim():
 
 def test_linear_pads_ragged_dims_with_zeros_and_tracks_fp32():
     g = torch.Generator().manual_seed(1)
-    x, w, dy = torch.randn(2, 25, 40, generator=g), torch.randn(24, 40, generator=g), torch.randn(2, 25, 24, generator=g)
+    x, w, dy = (
+        torch.randn(2, 25, 40, generator=g),
+        torch.randn(24, 40, generator=g),
+        torch.randn(2, 25, 24, generator=g),
+    )
     y, dx, dw = _grads(mx_linear, x, w, dy)
     y32, dx32, dw32 = _grads(lambda a, b: a @ b.T, x, w, dy)
     assert y.shape == (2, 25, 24) and dx.shape == x.shape and dw.shape == w.shape

@@ -26,7 +26,9 @@ def assert_matches_reference(x: torch.Tensor) -> None:
         assert (got_s[i], got_d[i]) == (want_s, want_d), f"block {i}: {row}"
     deq = dequantize_mxfp8(data, scales)
     # the exact MX values, rounded once to fp32 (the largest blocks can round up past fp32's max)
-    want = torch.tensor([[dequantize_value(d, got_s[i]) for d in row] for i, row in enumerate(got_d)], dtype=F32)
+    want = torch.tensor(
+        [[dequantize_value(d, got_s[i]) for d in row] for i, row in enumerate(got_d)], dtype=F32
+    )
     assert torch.equal(deq.isnan(), want.isnan())
     assert torch.equal(deq.masked_fill(deq.isnan(), 0), want.masked_fill(want.isnan(), 0))
 
@@ -68,11 +70,13 @@ def test_amax_edges_in_bf16_input():
 
 def test_extreme_fp32_maxima_never_saturate():
     big = torch.finfo(F32).max
-    x = torch.stack([
-        _block(big, torch.full((31,), -big)),
-        _block(2.0**-126, torch.full((31,), 2.0**-127)),
-        _block(2.0**-149, torch.full((31,), -(2.0**-149))),
-    ])
+    x = torch.stack(
+        [
+            _block(big, torch.full((31,), -big)),
+            _block(2.0**-126, torch.full((31,), 2.0**-127)),
+            _block(2.0**-149, torch.full((31,), -(2.0**-149))),
+        ]
+    )
     assert_matches_reference(x)
     _, scales = quantize_mxfp8(x)
     assert _bits(scales)[0, 0] == 127 + 120  # the largest exponent any fp32 needs, below E8M0's 254
@@ -82,7 +86,12 @@ def test_extreme_fp32_maxima_never_saturate():
 def test_round_to_nearest_even_ties():
     """Every midpoint between adjacent E4M3 values (normal and subnormal), at several block scales."""
     ties = [(n + 0.5) * 2.0**-9 for n in range(8)]
-    ties += [(8 + m + 0.5) * 2.0 ** (e - 3) for e in range(-6, 9) for m in range(8) if (8 + m + 0.5) * 2.0 ** (e - 3) < 448]
+    ties += [
+        (8 + m + 0.5) * 2.0 ** (e - 3)
+        for e in range(-6, 9)
+        for m in range(8)
+        if (8 + m + 0.5) * 2.0 ** (e - 3) < 448
+    ]
     ties = torch.tensor(ties, dtype=F32)
     rows = []
     for k in (-30, 0, 7, 50):
@@ -136,7 +145,9 @@ def test_subnormal_blocks():
 def test_random_data_across_scales(dtype):
     g = torch.Generator().manual_seed(4)
     span = 12 if dtype == torch.float16 else 100
-    x = torch.randn(300, 32, generator=g) * torch.exp2(torch.randint(-span, span, (300, 1), generator=g).float())
+    x = torch.randn(300, 32, generator=g) * torch.exp2(
+        torch.randint(-span, span, (300, 1), generator=g).float()
+    )
     x[::7, 3] = x[::7].abs().amax(dim=1) * -1.0  # negative maxima
     assert_matches_reference(x.to(dtype))
 
@@ -176,7 +187,9 @@ def test_reference_on_hand_computed_blocks():
 
 def test_fake_quantize_is_dequantize_of_quantize_and_pads_ragged_dims():
     g = torch.Generator().manual_seed(6)
-    x = torch.randn(5, 64, 40, generator=g) * torch.exp2(torch.randint(-130, 100, (5, 64, 1), generator=g).float())
+    x = torch.randn(5, 64, 40, generator=g) * torch.exp2(
+        torch.randint(-130, 100, (5, 64, 1), generator=g).float()
+    )
     x[0, 0, 0], x[1, 2, 3], x[2, 0, :] = math.nan, -math.inf, 0.0
     for dim in (0, 1, 2):
         got = fake_quantize_mxfp8(x, dim=dim)

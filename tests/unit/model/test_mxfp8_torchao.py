@@ -10,7 +10,7 @@ from crucible.model.mxfp8 import quantize_mxfp8
 
 mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
 grouped = pytest.importorskip("torchao.prototype.moe_training.mxfp8_grouped_mm")
-from torchao.prototype.mx_formats.config import KernelPreference  # noqa: E402
+from torchao.prototype.mx_formats.config import KernelPreference
 
 
 def _torchao(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,7 +26,9 @@ def _ours(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_torchao_agrees_bit_for_bit_on_ordinary_data(dtype):
     g = torch.Generator().manual_seed(0)
-    x = (torch.randn(2000, 32, generator=g) * torch.exp2(torch.randint(-60, 60, (2000, 1), generator=g).float()))
+    x = torch.randn(2000, 32, generator=g) * torch.exp2(
+        torch.randint(-60, 60, (2000, 1), generator=g).float()
+    )
     x = x.to(dtype)
     (td, ts), (od, os_) = _torchao(x), _ours(x)
     assert torch.equal(ts, os_) and torch.equal(td, od)
@@ -50,7 +52,9 @@ def test_torchao_differs_only_in_the_documented_blocks():
     (td, ts), (od, os_) = _torchao(x), _ours(x)
     differs = (ts != os_) | (td != od).any(dim=1)
     amax = x.abs().amax(dim=1).double()
-    one_binade_low = (ts.long() == os_.long() - 1) & (amax <= 448.0 * torch.exp2(os_.double() - 128) * (1 + 2**-20))
+    one_binade_low = (ts.long() == os_.long() - 1) & (
+        amax <= 448.0 * torch.exp2(os_.double() - 128) * (1 + 2**-20)
+    )
     tiny = os_ == 0
     nonfinite = ~torch.isfinite(x).all(dim=1)
     assert not (differs & ~(one_binade_low | tiny | nonfinite)).any()

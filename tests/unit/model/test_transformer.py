@@ -128,3 +128,14 @@ def test_a_few_training_steps_lower_the_loss(cfg, tokens):
         losses.append(loss.item())
     assert losses[-1] < losses[0] - 0.5
     assert all(p.grad is not None for p in model.parameters())
+
+
+def test_param_counts_and_dense_equivalent(cfg):
+    for c in (cfg, dataclasses.replace(cfg, first_moe_layer=1, tie_embeddings=True), PRESETS["tiny-dense"]):
+        model = build_model(c, precision="fp32")
+        assert c.param_count() == sum(p.numel() for p in model.parameters())
+    dense = cfg.dense_equivalent()
+    assert dense.moe_layers == () and dense.ffn_dim == cfg.top_k * cfg.expert_dim + cfg.shared_expert_dim
+    router = cfg.num_experts * cfg.dim * len(cfg.moe_layers)
+    assert dense.param_count() == cfg.param_count(active=True) - router
+    assert cfg.param_count(active=True) < cfg.param_count()
