@@ -103,9 +103,9 @@ async def publish_weights(
     entries: list[TensorEntry] = []
     shards: list[ObjectRef] = []
     for index, names in enumerate(plan_shards(sizes=sizes, shard_bytes=shard_bytes)):
-        data = save(
-            {name: tensors[name] for name in names}, metadata={"run_id": run_id, "version": str(version)}
-        )
+        # One metadata key: safetensors writes a multi-key metadata map in no fixed order, and retries
+        # rely on a shard serializing to the same bytes every time.
+        data = save({name: tensors[name] for name in names}, metadata={"crucible": f"{run_id}/weights/{version}"})
         if committed is None:
             shards.append(await store.put_bytes(shard_key(run_id, version, index), data))
         elif index < len(committed.shards) and _matches(committed.shards[index], data):
