@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Coroutine, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -162,6 +162,32 @@ async def run(name: str, settings: CommonSettings, setup: Callable[[Runtime], Aw
         rt.log.info("stopping")
     finally:
         await rt.shutdown()
+
+
+@contextlib.asynccontextmanager
+async def running(
+    name: str, settings: CommonSettings, setup: Callable[[Runtime], Awaitable[None]], *, timeout_s: float = 60.0
+) -> AsyncIterator[Runtime]:
+    """A service inside this event loop, from setup to a clean stop (tests, embedding)."""
+    started: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
+
+    async def setup_and_report(rt: Runtime) -> None:
+        await setup(rt)
+        started.set_result(rt)
+
+    task = asyncio.create_task(run(name, settings, setup_and_report))
+    done, _ = await asyncio.wait([started, task], timeout=timeout_s, return_when=asyncio.FIRST_COMPLETED)
+    if task in done:
+        task.result()
+    if not started.done():
+        task.cancel()
+        raise TimeoutError(f"{name} did not finish its setup within {timeout_s:.0f}s")
+    rt = started.result()
+    try:
+        yield rt
+    finally:
+        rt.stopping.set()
+        await asyncio.wait_for(task, timeout=timeout_s)
 
 
 def run_service(name: str, settings_cls: type[CommonSettings], setup: Callable[[Runtime], Awaitable[None]]) -> None:

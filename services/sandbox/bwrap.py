@@ -146,9 +146,10 @@ class Sandbox:
             args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
         for name in _ETC_SYNTHETIC:
             args += ["--ro-bind", str(self.etc_dir / name), f"/etc/{name}"]
+        # The private /tmp first: an interpreter or venv that lives under the host's /tmp is bound on top.
+        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         for path in self.ro_paths:
             args += ["--ro-bind", str(path), str(path)]
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
         args += ["--bind", str(workspace), WORKSPACE, "--chdir", WORKSPACE]
         for bind in binds:
             args += ["--bind" if bind.writable else "--ro-bind", str(bind.source), bind.dest]

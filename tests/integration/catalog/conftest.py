@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,7 +12,7 @@ from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import upgrade_async
 from crucible.db.scratch import scratch_database
 from crucible.objectstore import ObjectStore
-from crucible.runtime import Runtime, run
+from crucible.runtime import running
 from services.catalog.app import setup
 from services.catalog.settings import Settings
 
@@ -61,20 +60,8 @@ async def store(catalog_settings):
 @pytest.fixture
 async def service(catalog_settings):
     await upgrade_async(catalog_settings.database_url)
-    started: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
-
-    async def setup_and_report(rt: Runtime) -> None:
-        await setup(rt)
-        started.set_result(rt)
-
-    task = asyncio.create_task(run("catalog", catalog_settings, setup_and_report))
-    done, _ = await asyncio.wait([started, task], timeout=120, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        task.result()
-    rt = started.result()
-    yield rt
-    rt.stopping.set()
-    await asyncio.wait_for(task, timeout=30)
+    async with running("catalog", catalog_settings, setup, timeout_s=120) as rt:
+        yield rt
 
 
 @pytest.fixture

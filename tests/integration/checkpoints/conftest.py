@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
 from crucible.bus import Bus
 from crucible.objectstore import ObjectStore
-from crucible.runtime import Runtime, run
+from crucible.runtime import running
 from services.checkpoints.app import setup
 from services.checkpoints.settings import Settings
 
@@ -21,20 +20,8 @@ def checkpoints_settings(common_settings, request):
 
 @pytest.fixture
 async def service(checkpoints_settings):
-    started: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
-
-    async def setup_and_report(rt: Runtime) -> None:
-        await setup(rt)
-        started.set_result(rt)
-
-    task = asyncio.create_task(run("checkpoints", checkpoints_settings, setup_and_report))
-    done, _ = await asyncio.wait([started, task], timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        task.result()
-    rt = started.result()
-    yield rt
-    rt.stopping.set()
-    await asyncio.wait_for(task, timeout=30)
+    async with running("checkpoints", checkpoints_settings, setup) as rt:
+        yield rt
 
 
 @pytest.fixture

@@ -6,11 +6,8 @@ these tests' grader consumer away from every other test's streams.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import shutil
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
@@ -18,8 +15,7 @@ from crucible.bus import Bus
 from crucible.db.migrate import upgrade_async
 from crucible.localstack.servers import start_nats
 from crucible.objectstore import ObjectStore
-from crucible.runtime import Runtime, run
-from crucible.settings import CommonSettings
+from crucible.runtime import running
 from services.catalog.app import setup as catalog_setup
 from services.catalog.settings import Settings as CatalogSettings
 from services.grader.app import setup as grader_setup
@@ -33,29 +29,6 @@ def nats_url(tmp_path_factory):
     server = start_nats(state_dir=tmp_path_factory.mktemp("grader-nats"))
     yield server.url
     server.stop()
-
-
-@contextlib.asynccontextmanager
-async def running(
-    name: str, settings: CommonSettings, setup: Callable[[Runtime], Awaitable[None]]
-) -> AsyncIterator[Runtime]:
-    """A service in this process, from setup to a clean stop."""
-    started: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
-
-    async def setup_and_report(rt: Runtime) -> None:
-        await setup(rt)
-        started.set_result(rt)
-
-    task = asyncio.create_task(run(name, settings, setup_and_report))
-    done, _ = await asyncio.wait([started, task], timeout=60, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        task.result()
-    rt = started.result()
-    try:
-        yield rt
-    finally:
-        rt.stopping.set()
-        await asyncio.wait_for(task, timeout=60)
 
 
 @pytest.fixture

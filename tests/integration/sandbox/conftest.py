@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import uuid
 
@@ -10,7 +9,7 @@ import pytest
 
 from crucible.bus import Bus
 from crucible.objectstore import ObjectStore
-from crucible.runtime import Runtime, run
+from crucible.runtime import running
 from services.sandbox.app import setup
 from services.sandbox.settings import Settings
 
@@ -25,20 +24,8 @@ def sandbox_settings(common_settings, tmp_path, request):
 
 @pytest.fixture
 async def service(sandbox_settings):
-    started: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
-
-    async def setup_and_report(rt: Runtime) -> None:
-        await setup(rt)
-        started.set_result(rt)
-
-    task = asyncio.create_task(run("sandbox", sandbox_settings, setup_and_report))
-    done, _ = await asyncio.wait([started, task], timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if task in done:
-        task.result()
-    rt = started.result()
-    yield rt
-    rt.stopping.set()
-    await asyncio.wait_for(task, timeout=30)
+    async with running("sandbox", sandbox_settings, setup) as rt:
+        yield rt
 
 
 @pytest.fixture

@@ -103,3 +103,21 @@ async def test_system_is_read_only_and_privileges_dropped(sandbox, tmp_path):
     assert not Path("/usr/crucible-probe").exists()
     if sandbox.disable_userns:
         assert "no-userns" in result.output
+
+
+async def test_read_only_paths_under_the_hosts_tmp_stay_visible(sandbox, tmp_path):
+    """An interpreter or venv installed under /tmp (a CI checkout, say) must not vanish behind the
+    sandbox's private /tmp."""
+    import dataclasses
+    import tempfile
+
+    tool_dir = Path(tempfile.mkdtemp(prefix="crucible-ro-"))
+    try:
+        (tool_dir / "marker.txt").write_text("visible\n")
+        with_tmp = dataclasses.replace(sandbox, ro_paths=[*sandbox.ro_paths, tool_dir])
+        result = await run_in(with_tmp, tmp_path / "ws", f"cat {tool_dir}/marker.txt; touch {tool_dir}/x")
+        assert result.output.startswith("visible\n")
+        assert not (tool_dir / "x").exists()
+    finally:
+        (tool_dir / "marker.txt").unlink()
+        tool_dir.rmdir()
