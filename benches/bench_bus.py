@@ -97,9 +97,13 @@ async def main(messages: int, tokens: int, rounds: int) -> None:
             payloads = [encode(t) for t in trajectories]
             size = len(payloads[0])
             raw, bus = [], []
-            for r in range(rounds):  # alternate so drift on a shared machine hits both alike
-                raw.append(await raw_round(server.url, payloads, f"raw{r}"))
-                bus.append(await bus_round(server.url, trajectories, f"bus{r}"))
+            for r in range(rounds):  # alternate who goes first, so drift on a shared machine hits both alike
+                if r % 2:
+                    bus.append(await bus_round(server.url, trajectories, f"bus{r}"))
+                    raw.append(await raw_round(server.url, payloads, f"raw{r}"))
+                else:
+                    raw.append(await raw_round(server.url, payloads, f"raw{r}"))
+                    bus.append(await bus_round(server.url, trajectories, f"bus{r}"))
             raw_pub, raw_con = (statistics.median(x) for x in zip(*raw))
             bus_pub, bus_con = (statistics.median(x) for x in zip(*bus))
         finally:

@@ -110,6 +110,7 @@ def main() -> None:
             world_size=P,
             args=(a.tokens, a.dim, a.hidden, a.experts, a.top_k, a.iters),
             threads_per_process=1,
+            backend="gloo",  # CPU tensors, also on a machine with GPUs
         )[0]
         overhead = (r["dispatch"] - r["experts"]) / r["experts"]
         print(

@@ -12,7 +12,7 @@ One way to do each thing:
 from __future__ import annotations
 
 import asyncio
-import time
+import hashlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -27,7 +27,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolic
 
 from crucible.contracts import ContractError, decode, encode, subjects
 from crucible.contracts.messages import DeadLetter, Message, ObjectRef
-from crucible.objectstore import ObjectStore
+from crucible.objectstore import IntegrityError, ObjectNotFound, ObjectStore
 from crucible.settings import CommonSettings
 
 M = TypeVar("M", bound=Message)
@@ -37,7 +37,6 @@ CLAIM_HEADER = "Crucible-Claim"
 ERROR_HEADER = "Crucible-Error"
 DEDUP_WINDOW_S = 6 * 3600.0
 CONNECT_ATTEMPTS = 5
-_NO_REPLY = b""
 
 
 class BusError(RuntimeError):
@@ -155,13 +154,15 @@ class Bus:
 
     # --- encoding with claim checks -------------------------------------------------------------
 
-    async def _pack(self, subject: str, message: Message, claim_key: str | None) -> tuple[bytes, dict[str, str]]:
+    async def _pack(self, subject: str, message: Message, claim_prefix: str | None) -> tuple[bytes, dict[str, str]]:
         data = encode(message)
         if len(data) <= self.claim_check_bytes:
             return data, {}
         if self.store is None:
             raise BusError(f"{len(data)} byte message on {subject} needs the object store, and this bus has none")
-        ref = await self.store.put_bytes(claim_key or f"bus/{subject}/{time.time_ns()}.msgpack", data)
+        # Content-addressed: a republished message never overwrites the bytes an earlier one points at.
+        digest = hashlib.sha256(data).hexdigest()
+        ref = await self.store.put_bytes(f"{claim_prefix or 'bus/' + subject}/{digest}.msgpack", data)
         return msgspec.msgpack.encode(ref), {CLAIM_HEADER: "1"}
 
     async def _unpack(self, data: bytes, headers: dict[str, str] | None, type_: type[M]) -> M:
@@ -178,13 +179,18 @@ class Bus:
     # --- streams ----------------------------------------------------------------------------------
 
     async def publish(
-        self, subject: str, message: Message, *, msg_id: str | None = None, claim_key: str | None = None
+        self, subject: str, message: Message, *, msg_id: str | None = None, claim_prefix: str | None = None
     ) -> bool:
-        """Publish to a stream and wait for the server's ack. Returns False if it was a duplicate."""
-        data, headers = await self._pack(subject, message, claim_key)
+        """Publish to a stream and wait for the server's ack. Returns False if it was a duplicate.
+
+        `claim_prefix` is where the payload goes in the object store if it is too big for a message."""
+        data, headers = await self._pack(subject, message, claim_prefix)
         if msg_id:
             headers["Nats-Msg-Id"] = msg_id
-        ack = await self.js.publish(subject, data, headers=headers or None, timeout=10)
+        try:
+            ack = await self.js.publish(subject, data, headers=headers or None, timeout=10)
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise BusError(f"publish on {subject} failed: {type(exc).__name__}: {exc}") from exc
         return not ack.duplicate
 
     async def consume(
@@ -202,12 +208,16 @@ class Bus:
         deliver_new: bool = False,
         max_ack_pending: int = 256,
     ) -> None:
-        """Run a durable pull consumer until `stop` is set; in-flight messages finish first."""
+        """Run a durable pull consumer until `stop` is set; in-flight messages finish first.
+
+        The server redelivers without limit; this side dead-letters a message once it has been
+        delivered more than `max_deliver` times (or fails on its last attempt), so that nothing is
+        ever dropped without a dead letter saying why."""
         config = ConsumerConfig(
             durable_name=durable,
             ack_policy=AckPolicy.EXPLICIT,
             ack_wait=ack_wait,
-            max_deliver=max_deliver,
+            max_deliver=-1,
             filter_subject=filter_subject,
             deliver_policy=DeliverPolicy.NEW if deliver_new else DeliverPolicy.ALL,
             max_ack_pending=max(max_ack_pending, batch),
@@ -221,6 +231,10 @@ class Bus:
                     continue
                 except nats.errors.ConnectionClosedError:
                     return
+                except nats.errors.Error as exc:  # e.g. the server restarting; the durable survives it
+                    log.warning("fetch failed; retrying", stream=stream, consumer=durable, error=repr(exc))
+                    await asyncio.sleep(1.0)
+                    continue
                 for msg in msgs:
                     await self._deliver(msg, stream, durable, handler, message_type, max_deliver)
         finally:
@@ -241,15 +255,23 @@ class Bus:
             stream_seq=meta.sequence.stream,
             msg_id=headers.get("Nats-Msg-Id"),
         )
+        if delivery.attempt > max_deliver:
+            reason = f"delivered {delivery.attempt} times without being acknowledged"
+            await self.dead_letter(msg, stream=stream, consumer=durable, reason=reason)
+            return
         try:
             message = await self._unpack(msg.data, headers, type_)
-        except ContractError as exc:
-            await self.dead_letter(msg, stream=stream, consumer=durable, reason=str(exc))
+        except (ContractError, IntegrityError, ObjectNotFound) as exc:
+            await self.dead_letter(msg, stream=stream, consumer=durable, reason=f"{type(exc).__name__}: {exc}")
+            return
+        except Exception as exc:  # the object store is unreachable: try again later
+            log.warning("claim check unreadable; retrying", stream=stream, error=repr(exc))
+            await self._settle(msg.nak(delay=5.0))
             return
         try:
             await handler(message, delivery)
         except asyncio.CancelledError:
-            await msg.nak()
+            await self._settle(msg.nak())
             raise
         except ContractError as exc:  # the message is wrong and will never succeed: park it now
             await self.dead_letter(msg, stream=stream, consumer=durable, reason=str(exc))
@@ -260,10 +282,17 @@ class Bus:
             if delivery.attempt >= max_deliver:
                 await self.dead_letter(msg, stream=stream, consumer=durable, reason=reason)
             else:
-                await msg.nak(delay=min(30.0, 0.5 * 2 ** (delivery.attempt - 1)))
+                await self._settle(msg.nak(delay=min(30.0, 0.5 * 2 ** (delivery.attempt - 1))))
             return
         if not delivery.held:
-            await msg.ack()
+            await self._settle(msg.ack())
+
+    async def _settle(self, reply: Awaitable[None]) -> None:
+        """Ack or nak; if that fails (a reconnect), the server redelivers after the ack wait."""
+        try:
+            await reply
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.warning("could not settle a message; it will be redelivered", error=repr(exc))
 
     async def dead_letter(self, msg: Msg, *, stream: str, consumer: str, reason: str) -> None:
         """Park a message that cannot be processed, with the reason, and stop its redelivery."""
@@ -277,8 +306,12 @@ class Bus:
             headers={k: v for k, v in (msg.headers or {}).items()},
         )
         log.error("dead-lettered", stream=stream, consumer=consumer, subject=msg.subject, reason=reason)
-        await self.js.publish(subjects.dead_letter(stream), encode(letter))
-        await msg.term()
+        try:
+            await self.js.publish(subjects.dead_letter(stream), encode(letter))
+        except (nats.errors.Error, TimeoutError) as exc:
+            log.error("could not dead-letter; leaving it for redelivery", error=repr(exc))
+            return
+        await self._settle(msg.term())
 
     async def latest(self, stream: str, subject: str, type_: type[M]) -> M | None:
         """The newest message on a subject, or None."""

@@ -50,7 +50,8 @@ class Runtime:
         self.redis: aioredis.Redis = None  # type: ignore[assignment]
         self.http_port: int | None = None
         self._ready = False
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: set[asyncio.Task] = set()
+        self.failure: str | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []
 
     def ready(self) -> None:
@@ -61,15 +62,17 @@ class Runtime:
         """Run a background loop; it should return soon after `stopping` is set."""
         task = asyncio.create_task(coro, name=name)
         task.add_done_callback(self._on_task_done)
-        self._tasks.append(task)
+        self._tasks.add(task)
         return task
 
     def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
         self._closers.append(closer)
 
     def _on_task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
         if task.cancelled() or task.exception() is None:
             return
+        self.failure = f"background task {task.get_name()} failed: {task.exception()!r}"
         self.log.error("background task failed; stopping", task=task.get_name(), error=repr(task.exception()))
         self.stopping.set()
 
@@ -162,6 +165,8 @@ async def run(name: str, settings: CommonSettings, setup: Callable[[Runtime], Aw
         rt.log.info("stopping")
     finally:
         await rt.shutdown()
+    if rt.failure:
+        raise RuntimeError(rt.failure)  # exit non-zero, so a supervisor restarts the service
 
 
 @contextlib.asynccontextmanager

@@ -31,5 +31,6 @@ class CommonSettings(BaseSettings):
     """This replica's name; must be unique among replicas of one service."""
     log_level: str = "INFO"
     log_json: bool = False
-    claim_check_bytes: int = Field(default=512 * 1024, ge=1024)
-    """Payloads larger than this go to the object store; the message carries a reference."""
+    claim_check_bytes: int = Field(default=512 * 1024, ge=1024, le=900 * 1024)
+    """Payloads larger than this go to the object store; the message carries a reference. NATS refuses
+    messages over 1 MiB by default, and a dead letter carries the original payload."""

@@ -29,9 +29,9 @@ class RunConfigBody(BaseModel):
     max_staleness: int = Field(default=2, ge=0)
     learning_rate: float = Field(default=1e-3, gt=0, le=1)
     clip_eps: float = Field(default=0.2, gt=0, lt=1)
-    max_turns: int = Field(default=3, ge=1)
-    max_action_tokens: int = Field(default=40, ge=1)
-    max_observation_bytes: int = Field(default=200, ge=1)
+    max_turns: int = Field(default=3, ge=1, le=256)
+    max_action_tokens: int = Field(default=40, ge=1, le=4096)
+    max_observation_bytes: int = Field(default=200, ge=16, le=65536)
     temperature: float = Field(default=1.0, gt=0, le=10)
 
     @field_validator("model_preset")

@@ -106,7 +106,8 @@ def run_probes(
         namespace = {name: getattr(loaded[module], name) for name, module in exports.items()}
         return [_evaluate(setup, expr, dict(namespace)) for setup, expr in probes]
     finally:
-        for key in [k for k in sys.modules if k == alias or k.startswith(alias + ".")]:
+        # list(): another thread may be generating (and importing) at the same time
+        for key in [k for k in list(sys.modules) if k == alias or k.startswith(alias + ".")]:
             del sys.modules[key]
 
 

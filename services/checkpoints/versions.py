@@ -41,9 +41,24 @@ async def commit(*, bus: Bus, store: ObjectStore, manifest: WeightsManifest, chu
             return ref  # re-announcing an older version would make it the latest again
     else:
         await verify_shards(store=store, shards=manifest.shards, chunk_bytes=chunk_bytes)
-        ref = await store.put_bytes(key, encode(manifest), content_type="application/msgpack")
+        ref = await _stored_if_same(store=store, manifest=manifest, key=key)
+        if ref is None:
+            ref = await store.put_bytes(key, encode(manifest), content_type="application/msgpack")
     await announce(bus=bus, manifest=manifest, ref=ref)
     return ref
+
+
+async def _stored_if_same(*, store: ObjectStore, manifest: WeightsManifest, key: str) -> ObjectRef | None:
+    """A retried commit (the first still verifying, or announced after the trainer gave up waiting)
+    keeps the manifest already stored, so the announcement and the object never disagree."""
+    try:
+        data = await store.get_bytes(store.uri(key))
+        stored = decode(data, WeightsManifest)
+    except (ObjectNotFound, ContractError):
+        return None
+    if not same_weights(stored, manifest):
+        return None
+    return ObjectRef(uri=store.uri(key), sha256=hashlib.sha256(data).hexdigest(), size=len(data))
 
 
 async def _recommit(

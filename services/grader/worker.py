@@ -60,9 +60,9 @@ async def mark_graded(*, redis: aioredis.Redis, trajectory_id: str, ttl_s: int) 
         log.warning("redis unavailable; graded marker not set", error=str(exc))
 
 
-def graded_claim_key(trajectory: Trajectory) -> str:
+def graded_claim_prefix(trajectory: Trajectory) -> str:
     """Where a graded message too big for the bus is parked."""
-    return f"runs/{trajectory.run_id}/trajectories/{trajectory.trajectory_id}.graded.msgpack"
+    return f"runs/{trajectory.run_id}/trajectories/{trajectory.trajectory_id}/graded"
 
 
 async def handle_trajectory(
@@ -83,7 +83,7 @@ async def handle_trajectory(
         trajectory=trajectory, reward=reward, graded_at=time.time(), grader_replica=settings.replica
     )
     fresh = await bus.publish(
-        subjects.graded(trajectory.run_id), graded, msg_id=tid, claim_key=graded_claim_key(trajectory)
+        subjects.graded(trajectory.run_id), graded, msg_id=tid, claim_prefix=graded_claim_prefix(trajectory)
     )
     await mark_graded(redis=redis, trajectory_id=tid, ttl_s=settings.graded_key_ttl_s)
     GRADE_SECONDS.observe(time.monotonic() - started)

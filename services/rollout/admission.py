@@ -37,6 +37,11 @@ async def try_admit(*, redis: aioredis.Redis, run_id: str, config: RunConfig, ve
     return None if index < 0 else index
 
 
+async def release(*, redis: aioredis.Redis, run_id: str) -> None:
+    """Give back an admitted group that produced nothing, so that a later try can take its place."""
+    await redis.decr(admitted_key(run_id))
+
+
 async def budget_spent(*, redis: aioredis.Redis, run_id: str, config: RunConfig) -> bool:
     if await redis.exists(finished_key(run_id)):
         return True

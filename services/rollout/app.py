@@ -9,7 +9,7 @@ import uuid
 import torch
 from prometheus_client import Counter, Gauge
 
-from crucible.bus import BusError, RemoteError
+from crucible.bus import Bus
 from crucible.clients.checkpoints import load_weights
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts import subjects
@@ -17,13 +17,14 @@ from crucible.contracts.messages import (
     Event,
     RunConfig,
     RunCreated,
+    RunFinished,
     SampleReply,
     SampleRequest,
     Trajectory,
     WeightsAnnounced,
 )
 from crucible.runtime import Runtime
-from services.rollout.admission import budget_spent, try_admit
+from services.rollout.admission import budget_spent, release, try_admit
 from services.rollout.engine import PolicyEngine
 from services.rollout.episode import run_episode
 from services.rollout.settings import Settings
@@ -31,6 +32,11 @@ from services.rollout.settings import Settings
 EPISODES = Counter("crucible_rollout_episodes_total", "Episodes finished", ["run_id", "finish_reason"])
 TOKENS = Counter("crucible_rollout_tokens_total", "Tokens in finished episodes", ["run_id"])
 VERSION = Gauge("crucible_rollout_policy_version", "Policy version loaded", ["run_id"])
+GROUP_RETRY_S = 2.0
+
+
+async def run_finished(*, bus: Bus, run_id: str) -> bool:
+    return await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished) is not None
 
 
 class RunWorker:
@@ -60,6 +66,8 @@ class RunWorker:
             manifest, state = await load_weights(
                 bus=self.rt.bus, store=self.rt.store, run_id=self.run_id, version=version
             )
+            if manifest.version < self.latest_announced:
+                return  # a newer one was announced while this downloaded
             await asyncio.to_thread(self.engine.swap, state, manifest.version)
         except Exception as exc:  # keep sampling with the weights we have; the next announcement retries
             self.rt.log.error("could not load weights", run_id=self.run_id, version=version, error=repr(exc))
@@ -72,7 +80,7 @@ class RunWorker:
         slots = asyncio.Semaphore(self.settings.rollout_concurrent_groups)
         groups: set[asyncio.Task] = set()
         while not self.rt.stopping.is_set():
-            if await budget_spent(redis=self.rt.redis, run_id=self.run_id, config=self.config):
+            if await self._finished() or await budget_spent(redis=self.rt.redis, run_id=self.run_id, config=self.config):
                 break
             if self.engine.version < 0:
                 await self._wait_for_version()
@@ -91,6 +99,10 @@ class RunWorker:
         await self._report()
         self.rt.log.info("run finished on this replica", run_id=self.run_id, episodes=self.episodes)
 
+    async def _finished(self) -> bool:
+        """The trainer's durable end-of-run marker (Redis only caches it)."""
+        return await run_finished(bus=self.rt.bus, run_id=self.run_id)
+
     async def _wait_for_version(self) -> None:
         self.new_version.clear()
         try:
@@ -99,6 +111,7 @@ class RunWorker:
             pass
 
     async def _group(self, index: int) -> None:
+        group_id = f"{self.run_id}-g{index:05d}-{uuid.uuid4().hex[:8]}"
         try:
             reply = await self.rt.bus.request(
                 subjects.CATALOG_SAMPLE,
@@ -113,14 +126,21 @@ class RunWorker:
                 timeout=30,
             )
             task = reply.tasks[0]
-            group_id = f"{self.run_id}-g{index:05d}"
-            episodes = [self._episode(task, group_id, index * 1000 + i) for i in range(self.config.group_size)]
-            trajectories = await asyncio.gather(*episodes)
-            for trajectory in trajectories:
-                await self._publish(trajectory)
-        except (BusError, RemoteError) as exc:
-            # The group's admission slot is spent; the budget's spare groups cover it.
-            self.rt.log.error("group failed", run_id=self.run_id, group=index, error=str(exc))
+        except Exception as exc:  # nothing was generated: give the slot back and let a later try use it
+            self.rt.log.error("could not sample a task", run_id=self.run_id, group=index, error=repr(exc))
+            await release(redis=self.rt.redis, run_id=self.run_id)
+            await asyncio.sleep(GROUP_RETRY_S)
+            return
+        episodes = [self._episode(task, group_id, index * 1000 + i) for i in range(self.config.group_size)]
+        results = await asyncio.gather(*episodes, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                self.rt.log.error("episode failed", run_id=self.run_id, group=group_id, error=repr(result))
+                continue
+            try:
+                await self._publish(result)
+            except Exception as exc:  # the bus or the object store is away; the trainer times the group out
+                self.rt.log.error("could not publish", run_id=self.run_id, trajectory=result.trajectory_id, error=repr(exc))
         await self._report()
 
     async def _episode(self, task, group_id: str, seed: int) -> Trajectory:
@@ -150,7 +170,7 @@ class RunWorker:
             subjects.rollouts(self.run_id),
             trajectory,
             msg_id=trajectory.trajectory_id,
-            claim_key=f"runs/{self.run_id}/trajectories/{trajectory.trajectory_id}.msgpack",
+            claim_prefix=f"runs/{self.run_id}/trajectories/{trajectory.trajectory_id}",
         )
 
     async def _report(self) -> None:
@@ -184,11 +204,19 @@ async def setup(rt: Runtime) -> None:
             if created is None:
                 rt.log.error("weights announced for an unknown run", run_id=announced.run_id)
                 return
-            if await budget_spent(redis=rt.redis, run_id=announced.run_id, config=created.config):
+            if await run_finished(bus=rt.bus, run_id=announced.run_id) or await budget_spent(
+                redis=rt.redis, run_id=announced.run_id, config=created.config
+            ):
                 return
             worker = workers[announced.run_id] = RunWorker(rt=rt, run_id=announced.run_id, config=created.config)
-            rt.spawn(worker.run(), name=f"run-{announced.run_id}")
+            rt.spawn(work(worker), name=f"run-{announced.run_id}")
             rt.log.info("joined run", run_id=announced.run_id)
         await worker.on_announced(announced)
+
+    async def work(worker: RunWorker) -> None:
+        try:
+            await worker.run()
+        finally:
+            workers.pop(worker.run_id, None)
 
     await rt.bus.watch(subjects.WEIGHTS_ANNOUNCED_ALL, WeightsAnnounced, on_announced, last_per_subject=True)

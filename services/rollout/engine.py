@@ -1,6 +1,6 @@
 """The inference engine: the policy model, its version, and constrained sampling with a KV cache.
 
-Weights are swapped between decode steps: `swap` loads a new state dict into a standby copy and then
+Weights are swapped between decode steps: `swap` loads a new state dict into a fresh model and then
 switches both (model, version) in one assignment, so every sampled token knows the version that made it.
 An episode that spans a swap keeps its KV cache (computed by the old weights), as asynchronous RL
 systems do; the per-token versions let the trainer see and bound exactly that staleness.
@@ -51,7 +51,6 @@ class PolicyEngine:
             raise ValueError(f"preset {config.model_preset!r} has vocab {self.model_config.vocab_size}")
         self.max_context = min(max_context, self.model_config.max_seq_len)
         self._current: tuple[Transformer, int] | None = None
-        self._standby: Transformer | None = None
         self._swap_lock = threading.Lock()
         self._allowed = grammar.allowed_table(self.model_config.vocab_size)
 
@@ -66,14 +65,13 @@ class PolicyEngine:
         return model
 
     def swap(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Load into a fresh model: a decode step may still be running on the current one."""
         with self._swap_lock:
             if version <= self.version:
                 return
-            standby = self._standby or self._build()
-            standby.load_state_dict(state_dict, strict=True)
-            previous = self._current[0] if self._current else None
-            self._current = (standby, version)
-            self._standby = previous
+            model = self._build()
+            model.load_state_dict(state_dict, strict=True)
+            self._current = (model, version)
 
     def new_episode(self) -> EpisodeState:
         if self._current is None:

@@ -21,6 +21,9 @@ SYSTEM_PROMPT = (
 )
 
 
+CONTEXT_RESERVE = 8  # <act>, a tool token and <end>, plus <eos>, always fit after an observation
+
+
 def tool_arguments(name: str, text: str, *, timeout_s: float) -> dict:
     """Map the agent's argument text to the sandbox tool's arguments."""
     if name == "read_file":
@@ -61,7 +64,8 @@ async def run_episode(
     generator = torch.Generator().manual_seed(seed)
     state: EpisodeState = engine.new_episode()
     prompt = SYSTEM_PROMPT + "Task: " + task.statement
-    state.append_env([tokenizer.BOS, *observation(prompt, limit=4 * config.max_observation_bytes)], engine.version)
+    prompt_limit = min(4 * config.max_observation_bytes, engine.max_context // 2)
+    state.append_env([tokenizer.BOS, *observation(prompt, limit=prompt_limit)], engine.version)
     calls: list[ToolCall] = []
     finish = "max_turns"
     for turn in range(config.max_turns):
@@ -80,7 +84,11 @@ async def run_episode(
         result = await session.tool(name, **tool_arguments(name, args, timeout_s=tool_timeout_s))
         text = result.output if result.ok else f"error: {result.error}"
         calls.append(_call(turn, name, args, result.ok, text, time.perf_counter() - t0, start, len(state), version))
-        state.append_env(observation(text, limit=config.max_observation_bytes), engine.version)
+        room = engine.max_context - len(state) - CONTEXT_RESERVE
+        if room <= 8:
+            finish = "context"
+            break
+        state.append_env(observation(text, limit=min(config.max_observation_bytes, room)), engine.version)
     state.append_env([tokenizer.EOS], engine.version)
     await asyncio.to_thread(engine.finish, state)
     diff = await session.diff()

@@ -32,7 +32,7 @@ async def setup(rt: Runtime) -> None:
             message_type=RunCreated,
             stop=rt.stopping,
             ack_wait=60,
-            max_deliver=10,
+            max_deliver=100,  # every restart of a trainer mid-run hands the run back once
         ),
         name="runs",
     )

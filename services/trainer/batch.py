@@ -6,7 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from crucible.contracts.messages import GradedTrajectory
+from crucible.contracts import ContractError
+from crucible.contracts.messages import GradedTrajectory, Trajectory
 from crucible.contracts.packing import unpack
 
 
@@ -19,6 +20,26 @@ class Batch:
     advantages_BT: torch.Tensor  # f32, the trajectory's advantage on every token
     routes_BTLk: torch.Tensor | None  # long, recorded expert choices for router replay
     versions_BT: torch.Tensor  # long
+
+
+def validate(trajectory: Trajectory) -> None:
+    """Refuse a trajectory the trainer could not use, so that only it is dead-lettered."""
+    t = trajectory
+    sizes = {
+        "tokens": len(t.tokens) // 4, "logprobs": len(t.logprobs) // 4, "versions": len(t.versions) // 4,
+        "loss_mask": len(t.loss_mask), "constraints": len(t.constraints),
+    }
+    if len(set(sizes.values())) != 1 or len(t.tokens) % 4 or len(t.logprobs) % 4 or len(t.versions) % 4:
+        raise ContractError(f"trajectory {t.trajectory_id}: per-token arrays differ in length: {sizes}")
+    if sizes["tokens"] < 2:
+        raise ContractError(f"trajectory {t.trajectory_id}: fewer than two tokens")
+    if t.routes_shape:
+        T, L, k = (t.routes_shape + [0, 0, 0])[:3]
+        if len(t.routes_shape) != 3 or T != sizes["tokens"] or len(t.routes) != T * L * k:
+            raise ContractError(
+                f"trajectory {t.trajectory_id}: routes of shape {t.routes_shape} ({len(t.routes)} bytes)"
+                f" do not fit {sizes['tokens']} tokens"
+            )
 
 
 def collate(graded: list[GradedTrajectory], advantages: list[float]) -> Batch:

@@ -1,8 +1,11 @@
 """One training run: consume graded groups, take optimizer steps, publish weight versions.
 
-Graded trajectories are held (not acked) until the step that trains on them has run, so a trainer that
-dies loses nothing: JetStream redelivers what was held, and the run resumes from the state saved with
-the last published version. Acked means trained, which makes "trained at most once" hold.
+Order of each step: train, save the trainer state (weights, optimizer, step, version, the ids trained
+so far) to the object store, publish the weight version if one is due, then ack the step's messages.
+A trainer that dies at any point resumes from the saved state: messages it had not acked are
+redelivered, those the saved state already trained on are acked and skipped, and a version the state
+holds but the checkpoints never announced is published again (the same bytes, so the commit is
+idempotent). Acked means trained, and trained means saved: each trajectory is trained at most once.
 """
 
 from __future__ import annotations
@@ -16,18 +19,20 @@ import torch
 
 from crucible.bus import Delivery
 from crucible.clients.checkpoints import publish_weights
-from crucible.contracts import subjects
-from crucible.coordination import finished_key
-from crucible.contracts.messages import Event, GradedTrajectory, RunCreated
+from crucible.contracts import ContractError, subjects
+from crucible.contracts.messages import Event, GradedTrajectory, RunCreated, RunFinished
 from crucible.contracts.packing import unpack
+from crucible.coordination import finished_key
 from crucible.model import PRESETS, build_model
 from crucible.objectstore import ObjectNotFound
 from crucible.rl.advantages import group_relative_advantages
 from crucible.rl.staleness import staleness
 from crucible.runtime import Runtime
-from services.trainer.batch import collate
+from services.trainer.batch import collate, validate
 from services.trainer.settings import Settings
 from services.trainer.step import train_step
+
+PUBLISH_ATTEMPTS = 5
 
 
 @dataclass
@@ -46,7 +51,9 @@ class RunJob:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.learning_rate, weight_decay=0.0)
         self.step = 0
         self.version = -1
+        self.trained: set[str] = set()
         self.groups: dict[str, Group] = {}
+        self.in_step: list[Delivery] = []
         self.arrived = asyncio.Event()
         self.stop_consuming = asyncio.Event()
 
@@ -63,21 +70,37 @@ class RunJob:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.version = int(state["step"]), int(state["version"])
+        self.trained = set(state["trained"])
         self.rt.log.info("resumed run", run_id=self.run_id, step=self.step, version=self.version)
 
-    async def _publish_version(self) -> None:
-        version = self.version + 1
-        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        await publish_weights(
-            bus=self.rt.bus, store=self.rt.store, run_id=self.run_id, version=version, step=self.step, state_dict=state
-        )
+    async def _save_state(self) -> None:
         buffer = io.BytesIO()
-        torch.save(
-            {"model": state, "optimizer": self.optimizer.state_dict(), "step": self.step, "version": version}, buffer
-        )
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "step": self.step,
+            "version": self.version,
+            "trained": sorted(self.trained),
+        }
+        await asyncio.to_thread(torch.save, state, buffer)
         await self.rt.store.put_bytes(self.state_key, buffer.getvalue())
-        self.version = version
-        self.rt.log.info("published weights", run_id=self.run_id, version=version, step=self.step)
+
+    async def _publish(self) -> None:
+        """Publish the current weights as `self.version`, retrying while the checkpoints service is away."""
+        weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        for attempt in range(1, PUBLISH_ATTEMPTS + 1):
+            try:
+                await publish_weights(
+                    bus=self.rt.bus, store=self.rt.store, run_id=self.run_id, version=self.version,
+                    step=self.step, state_dict=weights,
+                )
+                break
+            except Exception as exc:
+                if attempt == PUBLISH_ATTEMPTS:
+                    raise
+                self.rt.log.warning("publishing weights failed; retrying", run_id=self.run_id, error=repr(exc))
+                await asyncio.sleep(2**attempt)
+        self.rt.log.info("published weights", run_id=self.run_id, version=self.version, step=self.step)
 
     async def _event(self, kind: str, data: dict, msg_id: str | None = None) -> None:
         event = Event(run_id=self.run_id, kind=kind, ts=time.time(), data=data, source=self.settings.replica)
@@ -86,7 +109,10 @@ class RunJob:
     async def on_graded(self, graded: GradedTrajectory, delivery: Delivery) -> None:
         trajectory = graded.trajectory
         if trajectory.run_id != self.run_id:
-            raise ValueError(f"graded trajectory of run {trajectory.run_id} on run {self.run_id}'s subject")
+            raise ContractError(f"graded trajectory of run {trajectory.run_id} on run {self.run_id}'s subject")
+        validate(trajectory)
+        if trajectory.trajectory_id in self.trained:
+            return  # trained before a restart; acked now
         delivery.hold()
         group = self.groups.setdefault(trajectory.group_id, Group())
         group.members[trajectory.trajectory_id] = (graded, delivery)  # a redelivery replaces the old handle
@@ -104,32 +130,24 @@ class RunJob:
     async def _heartbeat(self, run_delivery: Delivery) -> None:
         while not self.stop_consuming.is_set():
             await asyncio.sleep(self.settings.trainer_heartbeat_s)
-            await run_delivery.in_progress()
-            for group in list(self.groups.values()):
-                for _, delivery in list(group.members.values()):
+            held = [d for g in list(self.groups.values()) for _, d in list(g.members.values())]
+            for delivery in [run_delivery, *self.in_step, *held]:
+                try:
                     await delivery.in_progress()
+                except Exception as exc:  # an already-acked message, or a reconnect in progress
+                    self.rt.log.debug("could not extend a deadline", error=repr(exc))
 
     async def run(self, run_delivery: Delivery) -> None:
-        await self._resume()
-        if self.version < 0:
-            await self._publish_version()
-        await self._event("run.status", {"status": "running"}, msg_id=f"{self.run_id}/status/running")
-        consumer = self.rt.spawn(
-            self.rt.bus.consume(
-                stream=subjects.GRADED,
-                durable=f"trainer-{self.run_id}",
-                filter_subject=subjects.graded(self.run_id),
-                handler=self.on_graded,
-                message_type=GradedTrajectory,
-                stop=self.stop_consuming,
-                ack_wait=120,
-                batch=8,
-                max_ack_pending=1024,
-            ),
-            name=f"graded-{self.run_id}",
-        )
         heartbeat = asyncio.create_task(self._heartbeat(run_delivery))
+        consumer: asyncio.Task | None = None
         try:
+            await self._resume()
+            if self.version < 0:
+                self.version = 0
+                await self._save_state()
+            await self._publish()  # v0, or a version saved but perhaps never announced before a crash
+            await self._event("run.status", {"status": "running"}, msg_id=f"{self.run_id}/status/running")
+            consumer = self.rt.spawn(self._consume(), name=f"graded-{self.run_id}")
             while self.step < self.config.max_steps and not self.rt.stopping.is_set():
                 ready = self._ready_groups()
                 if len(ready) < self.config.groups_per_step:
@@ -144,15 +162,51 @@ class RunJob:
                 # Hand the run and everything held back at once: a trainer (this one, restarted) resumes.
                 await self._hand_back(run_delivery)
                 return
-            if self.step % self.config.publish_every:
-                await self._publish_version()
-            await self.rt.redis.set(finished_key(self.run_id), "1", ex=7 * 86400)
-            await self._event("run.status", {"status": "finished"}, msg_id=f"{self.run_id}/status/finished")
-            await run_delivery.ack()
+            await self._finish(run_delivery)
         finally:
             self.stop_consuming.set()
             heartbeat.cancel()
-            await asyncio.gather(consumer, heartbeat, return_exceptions=True)
+            await asyncio.gather(*[t for t in (consumer, heartbeat) if t], return_exceptions=True)
+
+    async def _consume(self) -> None:
+        await self.rt.bus.consume(
+            stream=subjects.GRADED,
+            durable=self.durable,
+            filter_subject=subjects.graded(self.run_id),
+            handler=self.on_graded,
+            message_type=GradedTrajectory,
+            stop=self.stop_consuming,
+            ack_wait=120,
+            batch=8,
+            max_ack_pending=4096,
+            max_deliver=100,  # held messages come back once per trainer restart
+        )
+
+    @property
+    def durable(self) -> str:
+        return f"trainer-{self.run_id}"
+
+    async def _finish(self, run_delivery: Delivery) -> None:
+        if self.step % self.config.publish_every:
+            self.version += 1
+            await self._save_state()
+            await self._publish()
+        finished = RunFinished(
+            run_id=self.run_id, status="finished", step=self.step, version=self.version, finished_at=time.time()
+        )
+        await self.rt.bus.publish(subjects.run_finished(self.run_id), finished, msg_id=f"{self.run_id}/finished")
+        await self.rt.redis.set(finished_key(self.run_id), "1", ex=7 * 86400)
+        await self._event("run.status", {"status": "finished"}, msg_id=f"{self.run_id}/status/finished")
+        self.stop_consuming.set()
+        for group in self.groups.values():  # spare groups nobody needs any more: graded, never trained
+            for _, delivery in group.members.values():
+                await delivery.ack()
+        self.groups.clear()
+        await run_delivery.ack()
+        try:
+            await self.rt.bus.js.delete_consumer(subjects.GRADED, self.durable)
+        except Exception as exc:  # already gone, or the server is busy: it only costs a little memory
+            self.rt.log.warning("could not delete the run's consumer", durable=self.durable, error=repr(exc))
 
     async def _hand_back(self, run_delivery: Delivery) -> None:
         for group in self.groups.values():
@@ -163,63 +217,69 @@ class RunJob:
 
     async def _train(self, groups: list[Group]) -> None:
         started = time.perf_counter()
-        graded, advantages, deliveries, stale, lags = [], [], [], [], []
+        graded, advantages, stale, too_small, lags = [], [], [], [], []
+        self.in_step = [d for group in groups for _, d in group.members.values()]
         for group in groups:
             kept = []
-            for g, delivery in group.members.values():
+            for g, _ in group.members.values():
                 sampled = [v for v, m in zip(unpack("u32", g.trajectory.versions), unpack("u8", g.trajectory.loss_mask)) if m]
                 lag = staleness(trainer_version=self.version, token_versions=sampled)
                 if lag > self.config.max_staleness:
                     stale.append(g.trajectory.trajectory_id)
-                    deliveries.append(delivery)
                     continue
-                kept.append((g, delivery))
+                kept.append(g)
                 lags.append(lag)
-            if len(kept) < 2:
-                deliveries.extend(d for _, d in kept)
+            if len(kept) < 2:  # no baseline to compare against: a group-relative advantage needs two
+                too_small.extend(g.trajectory.trajectory_id for g in kept)
                 continue
-            rewards = torch.tensor([g.reward.total for g, _ in kept])
+            rewards = torch.tensor([g.reward.total for g in kept])
             advantages.extend(group_relative_advantages(rewards).tolist())
-            graded.extend(g for g, _ in kept)
-            deliveries.extend(d for _, d in kept)
-        metrics: dict[str, float] = {}
-        if graded:
-            batch = collate(graded, advantages)
-            metrics = await asyncio.to_thread(
-                train_step,
-                model=self.model,
-                optimizer=self.optimizer,
-                batch=batch,
-                clip_eps=self.config.clip_eps,
-                temperature=self.config.temperature,
-            )
-        for delivery in deliveries:
-            await delivery.ack()
+            graded.extend(kept)
+        if not graded:
+            self.rt.log.warning("no trainable trajectories in these groups", run_id=self.run_id, stale=len(stale))
+            await self._ack_step()
+            return
+        metrics = await asyncio.to_thread(
+            train_step,
+            model=self.model,
+            optimizer=self.optimizer,
+            batch=collate(graded, advantages),
+            clip_eps=self.config.clip_eps,
+            temperature=self.config.temperature,
+        )
         self.step += 1
+        self.trained.update(g.trajectory.trajectory_id for g in graded)
+        publish = self.step % self.config.publish_every == 0
+        if publish:
+            self.version += 1
+        await self._save_state()
+        if publish:
+            await self._publish()
+        await self._ack_step()
         rewards_all = [g.reward.total for g in graded]
-        duration = time.perf_counter() - started
         metrics.update(
             {
-                "reward_mean": sum(rewards_all) / len(rewards_all) if rewards_all else 0.0,
-                "reward_max": max(rewards_all, default=0.0),
-                "staleness_mean": sum(lags) / len(lags) if lags else 0.0,
-                "staleness_max": float(max(lags, default=0)),
+                "reward_mean": sum(rewards_all) / len(rewards_all),
+                "reward_max": max(rewards_all),
+                "staleness_mean": sum(lags) / len(lags),
+                "staleness_max": float(max(lags)),
                 "trajectories": float(len(graded)),
                 "stale_dropped": float(len(stale)),
-                "step_seconds": duration,
+                "step_seconds": time.perf_counter() - started,
             }
         )
-        await self._event(
-            "step",
-            {
-                "step": self.step,
-                "version": self.version,
-                **metrics,
-                "trajectory_ids": [g.trajectory.trajectory_id for g in graded],
-                "stale_trajectory_ids": stale,
-            },
-            msg_id=f"{self.run_id}/step/{self.step}",
-        )
+        data = {
+            "step": self.step,
+            "version": self.version - 1 if publish else self.version,  # the version the batch trained against
+            **metrics,
+            "trajectory_ids": [g.trajectory.trajectory_id for g in graded],
+            "dropped_stale_ids": stale,
+            "dropped_alone_ids": too_small,
+        }
+        await self._event("step", data, msg_id=f"{self.run_id}/step/{self.step}")
         self.rt.log.info("step", run_id=self.run_id, step=self.step, **{k: round(v, 4) for k, v in metrics.items()})
-        if self.step % self.config.publish_every == 0:
-            await self._publish_version()
+
+    async def _ack_step(self) -> None:
+        for delivery in self.in_step:
+            await delivery.ack()
+        self.in_step = []

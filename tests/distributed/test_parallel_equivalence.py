@@ -24,7 +24,7 @@ MXFP8_REL_TOL = 1e-2
 
 @pytest.fixture(scope="module")
 def four() -> dict:
-    return run_local(cases.world_of_four, world_size=4)[0]
+    return run_local(cases.world_of_four, world_size=4, backend="gloo")[0]
 
 
 def _assert_fp32_match(rows: list[dict]) -> None:
@@ -72,6 +72,6 @@ def test_bad_shapes_fail_with_clear_errors(four: dict) -> None:
 
 
 def test_fp32_matches_single_process_on_eight_ranks() -> None:
-    rows = run_local(cases.world_of_eight, world_size=8)[0]["fp32"]
+    rows = run_local(cases.world_of_eight, world_size=8, backend="gloo")[0]["fp32"]
     assert [row["shape"] for row in rows] == [(2, 4, 2), (1, 8, 4), (4, 2, 4), (2, 4, 8)]
     _assert_fp32_match(rows)

@@ -19,13 +19,13 @@ def fail_on_rank_one() -> int:
 
 def test_run_local_raises_the_failing_ranks_traceback() -> None:
     with pytest.raises(RuntimeError, match=r"rank 1 failed(.|\n)*ValueError: rank one refuses"):
-        run_local(fail_on_rank_one, world_size=2, timeout_s=60)
+        run_local(fail_on_rank_one, world_size=2, timeout_s=60, backend="gloo")
 
 
 def test_ray_worker_group_trains_like_a_single_process() -> None:
     """Three steps with 2-way expert parallelism and FSDP in a local Ray cluster (one CPU bundle per rank)."""
     steps = 3
-    per_rank = run_ray(cases.train_steps, world_size=2, args=((1, 2, 2), steps))
+    per_rank = run_ray(cases.train_steps, world_size=2, args=((1, 2, 2), steps), use_gpu=False)
     reference = cases.reference_losses(2, steps)
     assert per_rank[0] == per_rank[1]
     assert per_rank[0] == pytest.approx(reference, rel=1e-6)

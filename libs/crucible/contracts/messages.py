@@ -52,6 +52,17 @@ class RunCreated(Message, tag="run.created.v1"):
     created_at: float
 
 
+class RunFinished(Message, tag="run.finished.v1"):
+    """The durable end of a run, on the RUNS stream: rollouts stop admitting work for it."""
+
+    run_id: str
+    status: str  # finished | failed
+    step: int
+    version: int
+    finished_at: float
+    error: str = ""
+
+
 class TaskSpec(msgspec.Struct, kw_only=True):
     """What a rollout may see of a task."""
 
@@ -194,8 +205,9 @@ class CheckpointReply(Message, tag="checkpoints.get_reply.v1"):
 class Event(Message, tag="event.v1"):
     """Run history: everything the api stores that is not a graded trajectory.
 
-    kinds: run.status {status}, step {step, version, loss, reward_mean, staleness_mean, trajectory_ids,
-    ...}, checkpoint {version, step, manifest_uri, ...}, rollout {replica, version, episodes, ...}.
+    kinds the api stores: run.status {status, error?}, step {step, version, trajectory_ids, <numeric
+    metrics>...}, checkpoint {version, step, manifest_uri, num_tensors, size_bytes}. Rollouts also
+    publish rollout {replica, version, episodes, tokens_per_s, ...} for live observers.
     """
 
     run_id: str

@@ -42,6 +42,10 @@ def run_created(run_id: str) -> str:
     return f"runs.{run_id}.created"
 
 
+def run_finished(run_id: str) -> str:
+    return f"runs.{run_id}.finished"
+
+
 def rollouts(run_id: str) -> str:
     return f"rollouts.{run_id}"
 

@@ -27,8 +27,10 @@ def bf16_operand(t: torch.Tensor) -> torch.Tensor:
 
 
 def bf16_weight(w: torch.Tensor) -> torch.Tensor:
-    """bf16_operand(w); outside autograd the copy is kept and reused until w changes (decoding speed)."""
-    if torch.is_grad_enabled():
+    """bf16_operand(w); under inference mode (the rollout's decoding) the copy is kept and reused until w
+    changes. Nowhere else: FSDP refills unsharded parameters without bumping their version counter, so a
+    cache keyed on it could serve stale weights to a no_grad forward of a sharded model."""
+    if not torch.is_inference_mode_enabled():
         return bf16_operand(w)
     key = (w._version, w.data_ptr())
     hit = _BF16_COPIES.get(w)

@@ -7,7 +7,10 @@ For y = x @ w.T with x [M, K] and w [N, K]:
   grad-weight  dw = q_M(dy).T @ q_M(x)     (blocks along M, the tokens)
 
 Emulation dequantizes to fp32 and multiplies in fp32: products of two E4M3 values with power-of-two
-scales are exact in fp32, so only the fp32 accumulation rounds, as on MX tensor cores. The expert
+scales are exact in fp32, so only the fp32 accumulation rounds, as on MX tensor cores — unless the two
+blocks' scales together fall below 2^-126, where a product turns subnormal or zero in fp32 while the
+hardware applies the scales to the block's sum. Every matmul emulates today; no path dispatches to
+real MX kernels yet. The expert
 grouped GEMM pads every token group to a multiple of 32 rows so grad-weight blocks never straddle two
 experts. Inputs and master weights stay fp32; outputs are fp32.
 """

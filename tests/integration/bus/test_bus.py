@@ -100,8 +100,9 @@ async def test_unacked_message_is_redelivered_to_the_same_durable(bus):
 
 async def test_large_message_travels_by_claim_check(bus):
     big = event("big", blob="x" * 100_000)
-    await bus.publish(subjects.events("r1", "big"), big, claim_key="runs/r1/events/big.msgpack")
-    assert await bus.store.exists("runs/r1/events/big.msgpack")
+    await bus.publish(subjects.events("r1", "big"), big, claim_prefix="runs/r1/events")
+    parked = await bus.store.list("runs/r1/events/")
+    assert len(parked) == 1 and parked[0].endswith(".msgpack")
     raw = await bus.js.get_last_msg(subjects.EVENTS, subjects.events("r1", "big"))
     assert len(raw.data) < 1000
     assert await bus.latest(subjects.EVENTS, subjects.events("r1", "big"), Event) == big

@@ -42,11 +42,9 @@ def processes_under(directory: Path) -> list[int]:
     return found
 
 
-def test_help_is_fast_and_lists_the_commands() -> None:
-    started = time.monotonic()
+def test_help_lists_the_commands_without_heavy_imports() -> None:
     result = crucible("--help")
     assert result.returncode == 0, result.stderr
-    assert time.monotonic() - started < 5
     assert "up" in result.stdout and "db" in result.stdout
     heavy = "('torch', 'ray', 'sqlalchemy', 'crucible.localstack')"
     probe = f"import sys, crucible.cli.main; print(sorted(m for m in {heavy} if m in sys.modules))"

