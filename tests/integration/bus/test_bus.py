@@ -152,3 +152,17 @@ async def test_watch_sees_latest_per_subject_then_new_ones(bus):
             break
         await asyncio.sleep(0.05)
     assert sorted(seen) == [("a", 1), ("a", 2), ("b", 0)]
+
+
+async def test_a_message_never_acked_is_dead_lettered_not_dropped(bus):
+    await bus.publish(subjects.events("r1", "stuck"), event("stuck"))
+    attempts: list[int] = []
+
+    async def never_acks(message: Event, delivery) -> None:
+        attempts.append(delivery.attempt)
+        delivery.hold()
+
+    await consume_for(bus, 4.5, never_acks, ack_wait=1.0, max_deliver=2)
+    assert attempts == [1, 2]
+    letter = await bus.latest(subjects.DEAD_LETTER, subjects.dead_letter(subjects.EVENTS), DeadLetter)
+    assert letter is not None and "delivered 3 times without being acknowledged" in letter.reason
