@@ -31,7 +31,7 @@ async def setup(rt: Runtime) -> None:
             handler=on_run,
             message_type=RunCreated,
             stop=rt.stopping,
-            ack_wait=60,
+            ack_wait=settings.trainer_ack_wait_s,
             max_deliver=100,  # every restart of a trainer mid-run hands the run back once
         ),
         name="runs",

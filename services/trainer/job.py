@@ -52,6 +52,7 @@ class RunJob:
         self.step = 0
         self.version = -1
         self.trained: set[str] = set()
+        self.last_step_event: dict | None = None
         self.groups: dict[str, Group] = {}
         self.in_step: list[Delivery] = []
         self.arrived = asyncio.Event()
@@ -71,6 +72,7 @@ class RunJob:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.version = int(state["step"]), int(state["version"])
         self.trained = set(state["trained"])
+        self.last_step_event = state.get("last_step_event")
         self.rt.log.info("resumed run", run_id=self.run_id, step=self.step, version=self.version)
 
     async def _save_state(self) -> None:
@@ -81,6 +83,7 @@ class RunJob:
             "step": self.step,
             "version": self.version,
             "trained": sorted(self.trained),
+            "last_step_event": self.last_step_event,
         }
         await asyncio.to_thread(torch.save, state, buffer)
         await self.rt.store.put_bytes(self.state_key, buffer.getvalue())
@@ -147,6 +150,8 @@ class RunJob:
                 await self._save_state()
             await self._publish()  # v0, or a version saved but perhaps never announced before a crash
             await self._event("run.status", {"status": "running"}, msg_id=f"{self.run_id}/status/running")
+            if self.last_step_event:  # saved with the state; its event may have been lost in a crash
+                await self._step_event(self.last_step_event)
             consumer = self.rt.spawn(self._consume(), name=f"graded-{self.run_id}")
             while self.step < self.config.max_steps and not self.rt.stopping.is_set():
                 ready = self._ready_groups()
@@ -176,7 +181,7 @@ class RunJob:
             handler=self.on_graded,
             message_type=GradedTrajectory,
             stop=self.stop_consuming,
-            ack_wait=120,
+            ack_wait=self.settings.trainer_ack_wait_s,
             batch=8,
             max_ack_pending=4096,
             max_deliver=100,  # held messages come back once per trainer restart
@@ -250,12 +255,6 @@ class RunJob:
         self.step += 1
         self.trained.update(g.trajectory.trajectory_id for g in graded)
         publish = self.step % self.config.publish_every == 0
-        if publish:
-            self.version += 1
-        await self._save_state()
-        if publish:
-            await self._publish()
-        await self._ack_step()
         rewards_all = [g.reward.total for g in graded]
         metrics.update(
             {
@@ -268,16 +267,25 @@ class RunJob:
                 "step_seconds": time.perf_counter() - started,
             }
         )
-        data = {
+        self.last_step_event = {
             "step": self.step,
-            "version": self.version - 1 if publish else self.version,  # the version the batch trained against
+            "version": self.version,  # the version the batch trained against
             **metrics,
             "trajectory_ids": [g.trajectory.trajectory_id for g in graded],
             "dropped_stale_ids": stale,
             "dropped_alone_ids": too_small,
         }
-        await self._event("step", data, msg_id=f"{self.run_id}/step/{self.step}")
+        if publish:
+            self.version += 1
+        await self._save_state()
+        if publish:
+            await self._publish()
+        await self._ack_step()
+        await self._step_event(self.last_step_event)
         self.rt.log.info("step", run_id=self.run_id, step=self.step, **{k: round(v, 4) for k, v in metrics.items()})
+
+    async def _step_event(self, data: dict) -> None:
+        await self._event("step", data, msg_id=f"{self.run_id}/step/{data['step']}")
 
     async def _ack_step(self) -> None:
         for delivery in self.in_step:

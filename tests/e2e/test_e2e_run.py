@@ -1,6 +1,7 @@
 """A short run through every real service, checked over the REST API: each trajectory graded once and
 trained on at most once, metrics and checkpoints recorded, weights versions used by the rollouts, and a
-grader killed with SIGKILL mid-run picked up again with nothing lost and nothing graded twice."""
+grader and then the trainer killed with SIGKILL mid-run and restarted: each picks up from its durable
+consumer, with nothing lost and nothing processed twice."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 CONFIG = {
     "group_size": 2,
     "groups_per_step": 2,
-    "max_steps": 4,
+    "max_steps": 5,
     "publish_every": 1,
     "max_staleness": 1,
     "max_turns": 2,
@@ -75,8 +76,11 @@ async def publish_raw(nats_url: str, subject: str, data: bytes) -> None:
 
 
 def test_short_run_through_every_service(tmp_path):
-    grader_env = {"CRUCIBLE_ACK_WAIT_S": "8", "CRUCIBLE_HEARTBEAT_S": "2"}
-    with LocalStack(api_port=0, state_dir=tmp_path / "stack", service_env={"grader": grader_env}) as stack:
+    service_env = {
+        "grader": {"CRUCIBLE_ACK_WAIT_S": "8", "CRUCIBLE_HEARTBEAT_S": "2"},
+        "trainer": {"CRUCIBLE_TRAINER_ACK_WAIT_S": "6", "CRUCIBLE_TRAINER_HEARTBEAT_S": "2"},
+    }
+    with LocalStack(api_port=0, state_dir=tmp_path / "stack", service_env=service_env) as stack:
         client = httpx.Client(base_url=stack.api_url, timeout=30)
         nats_url = stack.settings_env["CRUCIBLE_NATS_URL"]
 
@@ -95,6 +99,11 @@ def test_short_run_through_every_service(tmp_path):
         stack.kill("grader", signal.SIGKILL)
         time.sleep(2)
         stack.restart("grader")
+        # Then the trainer, between optimizer steps or in the middle of one.
+        wait_for(lambda: pages(client, f"/v1/runs/{run_id}/steps"), timeout=300, what="a first step", stack=stack)
+        stack.kill("trainer", signal.SIGKILL)
+        time.sleep(1)
+        stack.restart("trainer")
 
         run = wait_for(
             lambda: (r := client.get(f"/v1/runs/{run_id}").json())["status"] in ("finished", "failed") and r,
