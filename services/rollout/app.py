@@ -47,7 +47,7 @@ class RunWorker:
         self.settings: Settings = rt.settings  # type: ignore[assignment]
         self.run_id = run_id
         self.config = config
-        self.engine = PolicyEngine(config=config, max_context=self.settings.rollout_max_context)
+        self.engine = PolicyEngine(config=config, max_context=self.settings.max_context)
         self.new_version = asyncio.Event()
         self.latest_announced = -1
         self.sandboxes = SandboxClient(rt.bus)
@@ -77,7 +77,7 @@ class RunWorker:
         self.new_version.set()
 
     async def run(self) -> None:
-        slots = asyncio.Semaphore(self.settings.rollout_concurrent_groups)
+        slots = asyncio.Semaphore(self.settings.concurrent_groups)
         groups: set[asyncio.Task] = set()
         while not self.rt.stopping.is_set():
             if await self._finished() or await budget_spent(redis=self.rt.redis, run_id=self.run_id, config=self.config):
@@ -156,7 +156,7 @@ class RunWorker:
                 group_id=group_id,
                 seed=self.config.seed * 7919 + seed,
                 replica=self.settings.replica,
-                tool_timeout_s=self.settings.rollout_tool_timeout_s,
+                tool_timeout_s=self.settings.tool_timeout_s,
             )
         EPISODES.labels(self.run_id, trajectory.finish_reason).inc()
         n = len(trajectory.tokens) // 4
@@ -194,7 +194,7 @@ class RunWorker:
 
 async def setup(rt: Runtime) -> None:
     settings: Settings = rt.settings  # type: ignore[assignment]
-    torch.set_num_threads(settings.rollout_torch_threads)
+    torch.set_num_threads(settings.torch_threads)
     workers: dict[str, RunWorker] = {}
 
     async def on_announced(announced: WeightsAnnounced) -> None:

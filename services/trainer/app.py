@@ -16,7 +16,7 @@ from services.trainer.settings import Settings
 
 async def setup(rt: Runtime) -> None:
     settings: Settings = rt.settings  # type: ignore[assignment]
-    torch.set_num_threads(settings.trainer_torch_threads)
+    torch.set_num_threads(settings.torch_threads)
 
     async def on_run(created: RunCreated, delivery: Delivery) -> None:
         rt.log.info("training run", run_id=created.run_id, attempt=delivery.attempt)
@@ -31,7 +31,7 @@ async def setup(rt: Runtime) -> None:
             handler=on_run,
             message_type=RunCreated,
             stop=rt.stopping,
-            ack_wait=settings.trainer_ack_wait_s,
+            ack_wait=settings.ack_wait_s,
             max_deliver=100,  # every restart of a trainer mid-run hands the run back once
         ),
         name="runs",

@@ -123,7 +123,7 @@ class RunJob:
 
     def _ready_groups(self) -> list[str]:
         size, now = self.config.group_size, time.monotonic()
-        timeout = self.settings.trainer_group_timeout_s
+        timeout = self.settings.group_timeout_s
         return [
             gid
             for gid, g in sorted(self.groups.items(), key=lambda item: item[1].first_seen)
@@ -132,7 +132,7 @@ class RunJob:
 
     async def _heartbeat(self, run_delivery: Delivery) -> None:
         while not self.stop_consuming.is_set():
-            await asyncio.sleep(self.settings.trainer_heartbeat_s)
+            await asyncio.sleep(self.settings.heartbeat_s)
             held = [d for g in list(self.groups.values()) for _, d in list(g.members.values())]
             for delivery in [run_delivery, *self.in_step, *held]:
                 try:
@@ -181,7 +181,7 @@ class RunJob:
             handler=self.on_graded,
             message_type=GradedTrajectory,
             stop=self.stop_consuming,
-            ack_wait=self.settings.trainer_ack_wait_s,
+            ack_wait=self.settings.ack_wait_s,
             batch=8,
             max_ack_pending=4096,
             max_deliver=100,  # held messages come back once per trainer restart

@@ -78,7 +78,7 @@ async def publish_raw(nats_url: str, subject: str, data: bytes) -> None:
 def test_short_run_through_every_service(tmp_path):
     service_env = {
         "grader": {"CRUCIBLE_ACK_WAIT_S": "8", "CRUCIBLE_HEARTBEAT_S": "2"},
-        "trainer": {"CRUCIBLE_TRAINER_ACK_WAIT_S": "6", "CRUCIBLE_TRAINER_HEARTBEAT_S": "2"},
+        "trainer": {"CRUCIBLE_ACK_WAIT_S": "6", "CRUCIBLE_HEARTBEAT_S": "2"},
     }
     with LocalStack(api_port=0, state_dir=tmp_path / "stack", service_env=service_env) as stack:
         client = httpx.Client(base_url=stack.api_url, timeout=30)
