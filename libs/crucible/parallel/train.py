@@ -88,10 +88,13 @@ def parallel_train_step(
     optimizer: torch.optim.Optimizer,
     loss_fn: Callable[[Transformer], torch.Tensor],
     max_grad_norm: float = 1.0,
+    balance_routers: bool = True,
 ) -> dict[str, float]:
     """One optimizer step; `loss_fn(model)` computes this rank's loss on its own batch slice.
 
-    Returns the loss averaged over ranks and the global gradient norm before clipping.
+    With `balance_routers`, the routers' token counts are summed over all ranks and their selection
+    biases updated from that global load (every rank ends with the same biases), as the single-process
+    trainer step does. Returns the loss averaged over ranks and the global gradient norm before clipping.
     """
     model.train()
     optimizer.zero_grad(set_to_none=True)
@@ -99,6 +102,9 @@ def parallel_train_step(
     loss.backward()
     grad_norm = clip_grad_norm_(model, max_norm=max_grad_norm)
     optimizer.step()
+    if balance_routers and model.moe_layers:
+        all_reduce_router_loads(model)
+        model.update_router_biases()
     mean_loss = loss.detach().float().reshape(1).clone()
     dist.all_reduce(mean_loss)
     return {"loss": float(mean_loss) / dist.get_world_size(), "grad_norm": grad_norm}
