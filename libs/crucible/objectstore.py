@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
-from pathlib import Path
 
 import urllib3
 from minio import Minio
@@ -18,6 +17,10 @@ from minio.error import S3Error
 
 from crucible.contracts.messages import ObjectRef
 from crucible.settings import CommonSettings
+
+
+# S3 error codes that mean "no such object" (servers differ between get and stat).
+_MISSING = frozenset({"NoSuchKey", "NoSuchObject", "NoSuchBucket", "NotFound"})
 
 
 class IntegrityError(RuntimeError):
@@ -81,17 +84,21 @@ class ObjectStore:
         await asyncio.to_thread(run)
         return ObjectRef(uri=self.uri(key), sha256=digest, size=len(data))
 
+    def _open(self, uri: str):
+        """The object's response stream (blocking); the caller closes it."""
+        bucket, key = parse_uri(uri)
+        try:
+            return self.client.get_object(bucket, key)
+        except S3Error as exc:
+            if exc.code in _MISSING:
+                raise ObjectNotFound(uri) from exc
+            raise
+
     async def get_bytes(self, ref: ObjectRef | str, *, verify: bool = True) -> bytes:
         uri = ref.uri if isinstance(ref, ObjectRef) else ref
-        bucket, key = parse_uri(uri)
 
         def run() -> bytes:
-            try:
-                response = self.client.get_object(bucket, key)
-            except S3Error as exc:
-                if exc.code in ("NoSuchKey", "NoSuchBucket"):
-                    raise ObjectNotFound(uri) from exc
-                raise
+            response = self._open(uri)
             try:
                 return response.read()
             finally:
@@ -105,12 +112,23 @@ class ObjectStore:
                 raise IntegrityError(f"{uri}: sha256 {digest} size {len(data)}, expected {ref.sha256} size {ref.size}")
         return data
 
-    async def put_file(self, key: str, path: Path) -> ObjectRef:
-        return await self.put_bytes(key, Path(path).read_bytes())
+    async def digest(self, ref: ObjectRef | str, *, chunk_bytes: int = 8 << 20) -> tuple[str, int]:
+        """(sha256, size) of an object, streamed in chunks so a large one never sits in memory."""
+        uri = ref.uri if isinstance(ref, ObjectRef) else ref
 
-    async def get_file(self, ref: ObjectRef, path: Path) -> None:
-        data = await self.get_bytes(ref)
-        await asyncio.to_thread(Path(path).write_bytes, data)
+        def run() -> tuple[str, int]:
+            response = self._open(uri)
+            digest, size = hashlib.sha256(), 0
+            try:
+                for chunk in response.stream(chunk_bytes):
+                    digest.update(chunk)
+                    size += len(chunk)
+            finally:
+                response.close()
+                response.release_conn()
+            return digest.hexdigest(), size
+
+        return await asyncio.to_thread(run)
 
     async def exists(self, key: str) -> bool:
         def run() -> bool:
@@ -118,7 +136,7 @@ class ObjectStore:
                 self.client.stat_object(self.bucket, key)
                 return True
             except S3Error as exc:
-                if exc.code in ("NoSuchKey", "NoSuchObject", "NotFound"):
+                if exc.code in _MISSING:
                     return False
                 raise
 

@@ -3,45 +3,23 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
-
-from minio.error import S3Error
 
 from crucible.bus import RequestError
 from crucible.contracts.messages import ObjectRef
-from crucible.objectstore import ObjectStore, parse_uri
-
-_MISSING = ("NoSuchKey", "NoSuchObject", "NotFound", "NoSuchBucket")
+from crucible.objectstore import ObjectNotFound, ObjectStore
 
 
-async def stream_digest(*, store: ObjectStore, ref: ObjectRef, chunk_bytes: int) -> tuple[str, int] | None:
-    """(sha256, size) of the object behind `ref`, read in chunks; None when there is no such object."""
-    bucket, key = parse_uri(ref.uri)
-
-    def run() -> tuple[str, int] | None:
-        try:
-            response = store.client.get_object(bucket, key)
-        except S3Error as exc:
-            if exc.code in _MISSING:
-                return None
-            raise
-        digest, size = hashlib.sha256(), 0
-        try:
-            for chunk in response.stream(chunk_bytes):
-                digest.update(chunk)
-                size += len(chunk)
-        finally:
-            response.close()
-            response.release_conn()
-        return digest.hexdigest(), size
-
-    return await asyncio.to_thread(run)
+async def _digest(*, store: ObjectStore, ref: ObjectRef, chunk_bytes: int) -> tuple[str, int] | None:
+    try:
+        return await store.digest(ref, chunk_bytes=chunk_bytes)
+    except ObjectNotFound:
+        return None
 
 
 async def verify_shards(*, store: ObjectStore, shards: list[ObjectRef], chunk_bytes: int) -> None:
     """Raise RequestError("missing_shard" | "integrity") unless every shard is there, byte for byte."""
     found = await asyncio.gather(
-        *(stream_digest(store=store, ref=ref, chunk_bytes=chunk_bytes) for ref in shards)
+        *(_digest(store=store, ref=ref, chunk_bytes=chunk_bytes) for ref in shards)
     )
     for index, (ref, got) in enumerate(zip(shards, found, strict=True)):
         if got is None:
