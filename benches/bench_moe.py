@@ -11,14 +11,13 @@ tokens/s of each and the ratio.
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from crucible.model import PRESETS, ModelConfig, build_model
+from timing import alternate
 
 DECODE_PREFILL, DECODE_TOKENS = 16, 50
 
@@ -50,20 +49,6 @@ def decode(cfg: ModelConfig, precision: str) -> Callable[[], None]:
                 model(one, cache=cache)
 
     return run
-
-
-def alternate(fns: dict[str, Callable[[], None]], *, reps: int, block: int = 5) -> dict[str, float]:
-    """Median seconds per call, alternating blocks of calls between the candidates."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(max(1, reps // block)):
-        for name, fn in fns.items():
-            for _ in range(block):
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main() -> None:

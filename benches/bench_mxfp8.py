@@ -11,8 +11,6 @@ not the speed-up MX tensor cores give; benches/gpu_mxfp8_check.py times the real
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 from collections.abc import Callable
 
 import torch
@@ -20,20 +18,7 @@ import torch.nn.functional as F
 
 from crucible.model import PRESETS, build_model
 from crucible.model.matmul import grouped_linear, linear
-
-
-def median_time(fns: dict[str, Callable[[], None]], *, reps: int, block: int = 5) -> dict[str, float]:
-    """Median seconds per call, alternating blocks of calls between the candidates."""
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for fn in fns.values():
-        fn()
-    for _ in range(max(1, reps // block)):
-        for name, fn in fns.items():
-            for _ in range(block):
-                t0 = time.perf_counter()
-                fn()
-                times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
+from timing import alternate
 
 
 def model_step(preset: str, precision: str, tokens: torch.Tensor) -> Callable[[], None]:
@@ -79,12 +64,12 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     tokens = torch.randint(0, 320, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(0))
-    step = median_time({p: model_step(args.preset, p, tokens) for p in ("bf16", "mxfp8")}, reps=args.steps)
+    step = alternate({p: model_step(args.preset, p, tokens) for p in ("bf16", "mxfp8")}, reps=args.steps)
     m, k, n = args.gemm
     fns = {}
     for p in ("bf16", "mxfp8"):
         fns[f"linear-{p}"], fns[f"grouped-{p}"] = gemm_fwd_bwd(p, m=m, k=k, n=n, experts=8)
-    gemm = median_time(fns, reps=10)
+    gemm = alternate(fns, reps=10)
 
     print(f"preset={args.preset} batch={args.batch} seq={args.seq} threads={args.threads}")
     print(
