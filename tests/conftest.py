@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -138,3 +140,13 @@ def common_settings(
         return settings_cls(**values)
 
     return make
+
+
+@pytest.fixture
+def sandbox_root() -> Iterator[Path]:
+    """A sandbox workspace root under /tmp itself: pytest's own tmp_path sits below a 0700 folder that
+    the unprivileged sandbox uid cannot cross."""
+    root = Path(tempfile.mkdtemp(prefix="crucible-test-sandbox-"))
+    root.chmod(0o711)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)

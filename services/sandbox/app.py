@@ -12,6 +12,7 @@ from crucible.contracts import subjects
 from crucible.contracts.sandbox import CreateRequest
 from crucible.runtime import Runtime
 from services.sandbox.handlers import Handlers
+from services.sandbox.leases import Leases
 from services.sandbox.manager import SessionManager
 from services.sandbox.metrics import SESSIONS
 from services.sandbox.settings import Settings
@@ -22,8 +23,10 @@ QUEUE = "sandbox"
 async def setup(rt: Runtime) -> None:
     settings = rt.settings
     assert isinstance(settings, Settings)
-    manager = SessionManager(settings=settings, fetch=rt.store.get_bytes)
-    await manager.check()
+    manager = SessionManager(
+        settings=settings, fetch=rt.store.get_bytes, leases=Leases(rt.redis, replica=settings.replica)
+    )
+    await manager.start()
     SESSIONS.set_function(lambda: len(manager.sessions))
     handlers = Handlers(manager=manager)
     subscriptions = [await rt.bus.serve(subjects.SANDBOX_CREATE, handlers.create, CreateRequest, queue=QUEUE)]

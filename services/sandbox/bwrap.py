@@ -1,21 +1,30 @@
-"""The isolation policy: the bubblewrap command line that runs one command inside a session.
+"""The isolation policy: how one command is started inside a session's sandbox.
 
-Every command gets fresh namespaces (no network but loopback, own pids, hostname, ipc), an
-unprivileged uid in a user namespace with no capabilities, the system and this Python read-only, a
-private /tmp, and the workspace read-write at /workspace. Resource limits are set by `prlimit` around
-bubblewrap, so no sandboxed process can raise them. When bubblewrap dies, the kernel kills the whole
-pid namespace, so killing it kills every process a command started.
+Every command runs under bubblewrap with fresh user, pid, ipc, uts, mount and network namespaces
+(loopback only), no capabilities, no nested user namespaces, the system and this Python read-only, a
+private /tmp, and the workspace read-write at /workspace. When the service runs as root, the command
+runs as an unprivileged host uid (so the process-count limit binds), joins the session's cgroups (when
+the host lets us make them), and gets its rlimits, all set in the child before bubblewrap starts, so
+nothing inside can raise them. bubblewrap itself starts with an empty environment: its own process,
+pid 1 inside, shows nothing of the host's under /proc/1/environ. When bubblewrap's monitor dies, the
+kernel kills the whole pid namespace, so killing it kills every process the command started, including
+ones that daemonised.
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import resource
+import shutil
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from crucible.contracts.sandbox import ToolResult
+from services.sandbox.process import execute
 
 WORKSPACE = "/workspace"
 UID = 1000
@@ -33,22 +42,24 @@ _ETC_SYNTHETIC = {
 @dataclass(frozen=True, kw_only=True)
 class Limits:
     memory_bytes: int
+    """Address space of one process (the session's cgroup bounds their sum, where there is one)."""
     max_processes: int
+    """Processes of the sandbox uid at once (RLIMIT_NPROC): per sandbox where cgroups are missing."""
     max_write_bytes: int
     cpu_seconds: int
     open_files: int
 
-    def prlimit_argv(self) -> list[str]:
-        return [
-            "prlimit",
-            f"--as={self.memory_bytes}",
-            f"--nproc={self.max_processes}",
-            f"--fsize={self.max_write_bytes}",
-            f"--cpu={self.cpu_seconds}",
-            f"--nofile={self.open_files}",
-            "--core=0",
-            "--",
-        ]
+    def apply(self) -> None:
+        """Set the rlimits of the calling process (the child, before it execs bubblewrap)."""
+        for kind, value in (
+            (resource.RLIMIT_AS, self.memory_bytes),
+            (resource.RLIMIT_NPROC, self.max_processes),
+            (resource.RLIMIT_FSIZE, self.max_write_bytes),
+            (resource.RLIMIT_CPU, self.cpu_seconds),
+            (resource.RLIMIT_NOFILE, self.open_files),
+            (resource.RLIMIT_CORE, 0),
+        ):
+            resource.setrlimit(kind, (value, value))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,11 +84,19 @@ def python_paths() -> list[Path]:
 
 
 @functools.cache
+def bwrap_path() -> str:
+    found = shutil.which("bwrap")
+    if found is None:
+        raise RuntimeError("bubblewrap (bwrap) is not installed; `make test` installs it with apt-get")
+    return found
+
+
+@functools.cache
 def bwrap_supports(option: str) -> bool:
     """Whether this bubblewrap knows `option` (--disable-userns needs 0.8 or later)."""
     try:
-        out = subprocess.run(["bwrap", "--help"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
+        out = subprocess.run([bwrap_path(), "--help"], capture_output=True, text=True, timeout=10, check=False)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired):
         return False
     return option in out.stdout + out.stderr
 
@@ -87,16 +106,37 @@ def write_etc(directory: Path) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     for name, text in _ETC_SYNTHETIC.items():
         (directory / name).write_text(text)
+        (directory / name).chmod(0o644)
     return directory
+
+
+def _join_cgroups(procs_files: Sequence[str]) -> None:
+    pid = str(os.getpid()).encode()
+    for path in procs_files:
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            os.write(fd, pid)
+        finally:
+            os.close(fd)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Sandbox:
     limits: Limits
     etc_dir: Path
-    ro_paths: Sequence[Path] = field(default_factory=python_paths)
+    ro_binds: Sequence[Bind] = field(
+        default_factory=lambda: [Bind(source=p, dest=str(p)) for p in python_paths()]
+    )
+    """Host folders shown read-only inside (this Python, by default), at `dest`."""
+    host_uid: int | None = None
+    """The unprivileged host uid (and gid) commands run as; None keeps the service's own."""
     disable_userns: bool = True
     """Forbid new user namespaces inside (bubblewrap 0.8+)."""
+
+    @property
+    def owner(self) -> tuple[int, int] | None:
+        """Who owns what the host writes into a workspace, so the sandbox can change it later."""
+        return None if self.host_uid is None else (self.host_uid, self.host_uid)
 
     def path_env(self) -> str:
         venv_bin = [str(Path(sys.prefix) / "bin")] if sys.prefix != sys.base_prefix else []
@@ -115,6 +155,42 @@ class Sandbox:
             **extra,
         }
 
+    def preexec(self, cgroup_procs: Sequence[str] = ()) -> Callable[[], None]:
+        """What the child does between fork and exec: join cgroups, set rlimits, drop to the host uid."""
+        uid = self.host_uid
+
+        def prepare() -> None:
+            _join_cgroups(cgroup_procs)
+            self.limits.apply()
+            if uid is not None:
+                os.setgroups([])
+                os.setresgid(uid, uid, uid)
+                os.setresuid(uid, uid, uid)
+
+        return prepare
+
+    async def run(
+        self,
+        command: Sequence[str],
+        *,
+        workspace: Path,
+        timeout_s: float,
+        output_cap: int = 64 * 1024,
+        binds: Sequence[Bind] = (),
+        env: Mapping[str, str] = {},
+        stdin: bytes | None = None,
+        cgroup_procs: Sequence[str] = (),
+    ) -> ToolResult:
+        """Run `command` in a sandbox over `workspace` and wait for it (see `process.execute`)."""
+        return await execute(
+            self.argv(command, workspace=workspace, binds=binds, env=env),
+            timeout_s=timeout_s,
+            output_cap=output_cap,
+            stdin=stdin,
+            env={},
+            preexec_fn=self.preexec(cgroup_procs),
+        )
+
     def argv(
         self,
         command: Sequence[str],
@@ -124,8 +200,7 @@ class Sandbox:
         env: Mapping[str, str] = {},
     ) -> list[str]:
         args = [
-            *self.limits.prlimit_argv(),
-            "bwrap",
+            bwrap_path(),
             "--unshare-all",
             "--unshare-user",
             *(["--disable-userns"] if self.disable_userns else []),
@@ -148,8 +223,8 @@ class Sandbox:
             args += ["--ro-bind", str(self.etc_dir / name), f"/etc/{name}"]
         # The private /tmp first: an interpreter or venv that lives under the host's /tmp is bound on top.
         args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
-        for path in self.ro_paths:
-            args += ["--ro-bind", str(path), str(path)]
+        for bind in self.ro_binds:
+            args += ["--ro-bind", str(bind.source), bind.dest]
         args += ["--bind", str(workspace), WORKSPACE, "--chdir", WORKSPACE]
         for bind in binds:
             args += ["--bind" if bind.writable else "--ro-bind", str(bind.source), bind.dest]

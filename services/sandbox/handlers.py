@@ -17,6 +17,8 @@ from crucible.contracts.sandbox import (
     DestroyRequest,
     DiffReply,
     DiffRequest,
+    ForkReply,
+    ForkRequest,
     OverlayRequest,
     RunRequest,
     ToolReply,
@@ -51,6 +53,7 @@ class Handlers:
             sandbox.VERB_RUN: (self.run, RunRequest),
             sandbox.VERB_OVERLAY: (self.overlay, OverlayRequest),
             sandbox.VERB_DESTROY: (self.destroy, DestroyRequest),
+            sandbox.VERB_FORK: (self.fork, ForkRequest),
         }
 
     async def create(self, req: CreateRequest) -> CreateReply:
@@ -99,6 +102,13 @@ class Handlers:
         except BadArchive as exc:
             result = ToolResult(ok=False, error=f"{req.archive.uri}: {exc}")
         return _counted("overlay", result)
+
+    async def fork(self, req: ForkRequest) -> ForkReply:
+        parent = self.manager.get(req.session_id)
+        if req.ttl_s <= 0:
+            raise RequestError("bad_request", f"ttl_s must be positive, got {req.ttl_s}")
+        children = await parent.exclusive(lambda: self.manager.fork(parent, count=req.count, ttl_s=req.ttl_s))
+        return ForkReply(session_ids=[c.id for c in children], replica=self.settings.replica)
 
     async def destroy(self, req: DestroyRequest) -> DestroyReply:
         return DestroyReply(destroyed=await self.manager.destroy(req.session_id))

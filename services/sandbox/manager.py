@@ -1,92 +1,266 @@
-"""The sessions one replica holds: create (within `max_sessions`), look up, expire, destroy.
+"""The sessions one replica holds: create (within `max_sessions`), fork, look up, reap, destroy.
 
-A session lives until it is destroyed, stays idle past its TTL (every call renews it), or the replica
-shuts down; its workspace folder goes with it.
+A session lives until it is destroyed, its lease lapses (every call renews it), or the replica shuts
+down; its workspace, cgroup and background jobs go with it. At start a replica sweeps what an earlier
+run of itself left (mounts, folders, cgroups, leases) and what replicas with a lapsed heartbeat left
+under the same workspace root.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 import structlog
 
 from crucible.bus import RequestError
 from crucible.contracts.messages import ObjectRef
 from crucible.objectstore import IntegrityError, ObjectNotFound
+from services.sandbox import mounts
 from services.sandbox.archive import BadArchive
-from services.sandbox.bwrap import Limits, Sandbox, bwrap_supports, python_paths, write_etc
-from services.sandbox.process import execute
+from services.sandbox.bwrap import Bind, Limits, Sandbox, bwrap_supports, python_paths, write_etc
+from services.sandbox.cgroups import Cgroups
+from services.sandbox.leases import Leases, RedisError
 from services.sandbox.session import Session
 from services.sandbox.settings import Settings
+from services.sandbox.workspace import SnapshotCache, Workspace
 
 Fetch = Callable[[ObjectRef], Awaitable[bytes]]
 log = structlog.get_logger("crucible.sandbox")
+PLUGIN_DIR = "/crucible/plugins"
 
 
-def build_sandbox(settings: Settings) -> Sandbox:
-    limits = Limits(
-        memory_bytes=settings.memory_bytes,
-        max_processes=settings.max_processes,
-        max_write_bytes=settings.max_write_bytes,
-        cpu_seconds=settings.cpu_seconds,
-        open_files=settings.open_files,
-    )
-    etc_dir = write_etc(settings.workspace_root / settings.replica / ".etc")
-    return Sandbox(
-        limits=limits,
-        etc_dir=etc_dir,
-        ro_paths=[*python_paths(), *settings.extra_ro_paths],
-        disable_userns=bwrap_supports("--disable-userns"),
-    )
+def _searchable_by_others(path: Path) -> bool:
+    """Whether a process of another uid can reach `path` (every folder above it has o+x)."""
+    for folder in [path, *path.parents]:
+        if folder.exists() and not os.stat(folder).st_mode & 0o001:
+            return False
+    return True
 
 
 class SessionManager:
-    def __init__(self, *, settings: Settings, fetch: Fetch, sandbox: Sandbox | None = None) -> None:
+    def __init__(self, *, settings: Settings, fetch: Fetch, leases: Leases | None = None) -> None:
         self.settings = settings
         self.fetch = fetch
+        self.leases = leases
+        self.workspace_root = settings.workspace_root
         self.root = settings.workspace_root / settings.replica
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.sandbox = sandbox or build_sandbox(settings)
         self.sessions: dict[str, Session] = {}
         self.closing = False
         self._creating = 0
+        self.privileged = False
+        self.cgroups: Cgroups | None = None
+        self.sandbox: Sandbox = None  # type: ignore[assignment]  # set by start()
+        self.snapshots: SnapshotCache = None  # type: ignore[assignment]
 
-    async def create(self, *, run_id: str, task_id: str, snapshot: ObjectRef, ttl_s: float) -> Session:
+    async def start(self) -> None:
+        """Sweep leftovers, work out what the host allows, and check that bubblewrap works here."""
+        s = self.settings
+        self.workspace_root.mkdir(parents=True, exist_ok=True)
+        self.workspace_root.chmod(0o711)
+        await self.sweep(s.replica)
+        self.root.mkdir()
+        self.root.chmod(0o711)
+        self.privileged = os.geteuid() == 0 and mounts.can_mount(self.root)
+        host_uid = s.sandbox_uid if os.geteuid() == 0 else None
+        if host_uid is not None and not _searchable_by_others(self.root):
+            raise RuntimeError(
+                f"workspace_root {self.workspace_root} is not reachable by the sandbox uid {host_uid}: "
+                "every folder above it needs o+x"
+            )
+        ro_binds = []
+        for i, path in enumerate([*python_paths(), *s.extra_ro_paths]):
+            if host_uid is not None and self.privileged and not _searchable_by_others(path):
+                view = self.root / "ro" / str(i)
+                view.mkdir(parents=True)
+                mounts.bind_readonly(path, view)  # reachable by the sandbox uid, still read-only
+                ro_binds.append(Bind(source=view, dest=str(path)))
+            else:
+                ro_binds.append(Bind(source=path, dest=str(path)))
+        plugins = self.root / "plugins"
+        plugins.mkdir()
+        shutil.copy(Path(__file__).with_name("pytest_report.py"), plugins / "crucible_pytest_report.py")
+        ro_binds.append(Bind(source=plugins, dest=PLUGIN_DIR))
+        self.cgroups = (
+            Cgroups.detect(
+                replica=s.replica, memory_bytes=s.memory_bytes, max_processes=s.max_processes, cpus=s.cpus
+            )
+            if os.geteuid() == 0
+            else None
+        )
+        limits = Limits(
+            memory_bytes=s.memory_bytes,
+            # Without per-session cgroups, the rlimit is the only count limit (and counts per uid).
+            max_processes=s.max_processes_per_uid if self.cgroups else s.max_processes,
+            max_write_bytes=s.max_write_bytes,
+            cpu_seconds=s.cpu_seconds,
+            open_files=s.open_files,
+        )
+        self.sandbox = Sandbox(
+            limits=limits,
+            etc_dir=write_etc(self.root / "etc"),
+            ro_binds=ro_binds,
+            host_uid=host_uid,
+            disable_userns=bwrap_supports("--disable-userns"),
+        )
+        self.snapshots = SnapshotCache(
+            self.root / "snapshots",
+            sandbox=self.sandbox,
+            capacity=s.snapshot_cache_size,
+            max_bytes=s.max_snapshot_bytes,
+            max_members=s.max_snapshot_members,
+        )
+        (self.root / "sessions").mkdir(mode=0o711)
+        (self.root / "sessions").chmod(0o711)
+        await self.check()
+        log.info(
+            "sandbox isolation",
+            overlay_and_quota=self.privileged,
+            host_uid=host_uid,
+            cgroups=("v2" if self.cgroups.v2 else "v1") if self.cgroups else None,
+        )
+
+    async def check(self) -> None:
+        """Fail fast if bubblewrap cannot create its namespaces on this machine."""
+        probe = self.root / "probe"
+        probe.mkdir(exist_ok=True)
+        result = await self.sandbox.run(["true"], workspace=probe, timeout_s=30.0)
+        probe.rmdir()
+        if not result.ok:
+            raise RuntimeError(f"bubblewrap does not work here ({result.error}): {result.output.strip()}")
+
+    async def sweep(self, replica: str) -> None:
+        """Remove everything an earlier run of `replica` left on this machine and in Redis."""
+        folder = self.workspace_root / replica
+        for point in mounts.mounted_under(folder) if folder.exists() else []:
+            mounts.umount(point)
+        await asyncio.to_thread(shutil.rmtree, folder, ignore_errors=True)
+        if os.geteuid() == 0:
+            Cgroups.sweep_replica(replica)
+        if self.leases is not None:
+            try:
+                released = await self.leases.release_all(replica)
+            except RedisError as exc:
+                log.warning("cannot release leases (Redis unreachable)", replica=replica, error=str(exc))
+            else:
+                if released:
+                    log.info("released leftover leases", replica=replica, sessions=released)
+
+    async def sweep_dead_replicas(self) -> list[str]:
+        """Sweep the folders of replicas under our workspace root whose heartbeat lapsed."""
+        if self.leases is None:
+            return []
+        swept = []
+        for folder in self.workspace_root.iterdir():
+            name = folder.name
+            if name == self.settings.replica or not folder.is_dir():
+                continue
+            try:
+                if await self.leases.alive(name):
+                    continue
+            except RedisError:
+                return swept
+            await self.sweep(name)
+            swept.append(name)
+        return swept
+
+    def _room(self, wanted: int) -> None:
         if self.closing:
             raise RequestError("shutting_down", "this replica is shutting down; retry")
-        if ttl_s <= 0:
-            raise RequestError("bad_request", f"ttl_s must be positive, got {ttl_s}")
-        if len(self.sessions) + self._creating >= self.settings.max_sessions:
+        if len(self.sessions) + self._creating + wanted > self.settings.max_sessions:
             raise RequestError(
                 "busy", f"this replica holds {self.settings.max_sessions} sessions; retry later"
             )
+
+    async def create(self, *, run_id: str, task_id: str, snapshot: ObjectRef, ttl_s: float) -> Session:
+        if ttl_s <= 0:
+            raise RequestError("bad_request", f"ttl_s must be positive, got {ttl_s}")
+        self._room(1)
         self._creating += 1
         try:
-            archive = await self.fetch_archive(snapshot)
-            session_id = uuid.uuid4().hex
-            session = await Session.create(
-                archive=archive,
-                session_id=session_id,
-                run_id=run_id,
-                task_id=task_id,
-                root=self.root / session_id,
-                ttl_s=min(ttl_s, self.settings.max_ttl_s),
-                settings=self.settings,
-                sandbox=self.sandbox,
-            )
-        except BadArchive as exc:
-            raise RequestError("bad_snapshot", f"{snapshot.uri}: {exc}") from exc
+            try:
+                snap = await self.snapshots.acquire(snapshot.sha256, lambda: self.fetch_archive(snapshot))
+            except BadArchive as exc:
+                raise RequestError("bad_snapshot", f"{snapshot.uri}: {exc}") from exc
+            try:
+                session = await self._new_session(run_id=run_id, task_id=task_id, snap=snap, ttl_s=ttl_s)
+            except BaseException:
+                self.snapshots.release(snap)
+                raise
         finally:
             self._creating -= 1
+        return await self._register(session)
+
+    async def fork(self, parent: Session, *, count: int, ttl_s: float) -> list[Session]:
+        """`count` copies of `parent`'s workspace as it is now (call under the parent's lock)."""
+        if not 1 <= count <= self.settings.max_fork:
+            raise RequestError("bad_request", f"count must be 1..{self.settings.max_fork}, got {count}")
+        self._room(count)
+        self._creating += count
+        children: list[Session] = []
+        try:
+            for _ in range(count):
+                snap = await self.snapshots.acquire(parent.workspace.snapshot.key, _never)
+                try:
+                    child = await self._new_session(
+                        run_id=parent.run_id, task_id=parent.task_id, snap=snap, ttl_s=ttl_s, parent=parent
+                    )
+                except BaseException:
+                    self.snapshots.release(snap)
+                    raise
+                children.append(child)
+        except BaseException:
+            for child in children:
+                await self._dispose(child)
+            raise
+        finally:
+            self._creating -= count
+        return [await self._register(child) for child in children]
+
+    async def _new_session(self, *, run_id, task_id, snap, ttl_s, parent: Session | None = None) -> Session:
+        s = self.settings
+        session_id = uuid.uuid4().hex
+        workspace = await Workspace.create(
+            self.root / "sessions" / session_id,
+            snap,
+            overlay=self.privileged,
+            sandbox=self.sandbox,
+            quota_bytes=s.disk_quota_bytes,
+            quota_inodes=s.disk_quota_inodes,
+            parent=parent.workspace if parent else None,
+        )
+        try:
+            cgroup = self.cgroups.create(session_id) if self.cgroups else None
+        except OSError:
+            await asyncio.to_thread(workspace.destroy)
+            raise
+        return Session(
+            session_id=session_id,
+            run_id=run_id,
+            task_id=task_id,
+            workspace=workspace,
+            cgroup=cgroup,
+            ttl_s=min(ttl_s, s.max_ttl_s),
+            settings=s,
+            sandbox=self.sandbox,
+        )
+
+    async def _register(self, session: Session) -> Session:
         if self.closing:
-            await session.destroy()
+            await self._dispose(session)
             raise RequestError("shutting_down", "this replica is shutting down; retry")
         self.sessions[session.id] = session
-        log.info("session created", session_id=session.id, run_id=run_id, task_id=task_id)
+        if self.leases is not None:
+            try:
+                await self.leases.grant(session.id, session.ttl_s)
+            except RedisError as exc:
+                log.warning("no lease (Redis unreachable); the local TTL applies", error=str(exc))
+        log.debug("session created", session_id=session.id, run_id=session.run_id, task_id=session.task_id)
         return session
 
     async def fetch_archive(self, ref: ObjectRef) -> bytes:
@@ -101,43 +275,67 @@ class SessionManager:
             raise RequestError(
                 "unknown_session", f"no session {session_id!r} on this replica (destroyed or expired?)"
             )
+        if self.leases is not None:
+            task = asyncio.ensure_future(self.leases.renew(session_id, session.ttl_s))
+            task.add_done_callback(_ignore_redis_errors)
         return session
+
+    async def _dispose(self, session: Session) -> None:
+        await session.destroy()
+        self.snapshots.release(session.workspace.snapshot)
 
     async def destroy(self, session_id: str) -> bool:
         session = self.sessions.pop(session_id, None)
         if session is None:
             return False
-        await session.destroy()
-        log.info("session destroyed", session_id=session_id)
+        await self._dispose(session)
+        if self.leases is not None:
+            try:
+                await self.leases.drop(session_id)
+            except RedisError as exc:
+                log.warning("cannot drop a lease (Redis unreachable)", error=str(exc))
+        log.debug("session destroyed", session_id=session_id)
         return True
 
     async def reap(self) -> int:
-        """Destroy the sessions idle past their TTL; return how many."""
+        """Destroy the sessions whose lease lapsed (or, without Redis, that sat idle past their TTL)."""
         now = time.monotonic()
-        expired = [s.id for s in self.sessions.values() if s.deadline < now and not s.busy]
+        idle = [s.id for s in self.sessions.values() if not s.busy]
+        expired = [sid for sid in idle if self.sessions[sid].deadline < now]
+        if self.leases is not None:
+            try:
+                await self.leases.heartbeat(3 * self.settings.reap_interval_s)
+                expired = await self.leases.lapsed(idle)
+            except RedisError as exc:
+                log.warning("cannot check leases (Redis unreachable); the local TTL applies", error=str(exc))
         for session_id in expired:
-            await self.destroy(session_id)
+            if session_id in self.sessions and not self.sessions[session_id].busy:
+                await self.destroy(session_id)
         return len(expired)
 
     async def reap_loop(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
-            await self.reap()
+            try:
+                await self.reap()
+                await self.sweep_dead_replicas()
+            except Exception:  # the reaper must outlive any one failure
+                log.exception("reaper failed; retrying")
             try:
                 await asyncio.wait_for(stop.wait(), self.settings.reap_interval_s)
             except TimeoutError:
                 pass
 
     async def close(self) -> None:
-        """Destroy every session and this replica's folder (shutdown)."""
+        """Destroy every session and this replica's folder, mounts and cgroups (shutdown)."""
         self.closing = True
         await asyncio.gather(*(self.destroy(session_id) for session_id in list(self.sessions)))
-        await asyncio.to_thread(shutil.rmtree, self.root, ignore_errors=True)
+        await self.sweep(self.settings.replica)
 
-    async def check(self) -> None:
-        """Fail fast if bubblewrap cannot create its namespaces on this machine."""
-        probe = self.root / ".probe"
-        probe.mkdir(exist_ok=True)
-        argv = self.sandbox.argv(["true"], workspace=probe)
-        result = await execute(argv, timeout_s=30.0, output_cap=4096)
-        if not result.ok:
-            raise RuntimeError(f"bubblewrap does not work here ({result.error}): {result.output.strip()}")
+
+async def _never() -> bytes:
+    raise BadArchive("the parent's snapshot is no longer cached")
+
+
+def _ignore_redis_errors(task: asyncio.Future) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.warning("cannot renew a lease (Redis unreachable)", error=str(task.exception()))

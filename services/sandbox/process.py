@@ -11,7 +11,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from crucible.contracts.sandbox import ToolResult
 
@@ -82,6 +82,7 @@ async def execute(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     keep_tail: bool = True,
+    preexec_fn: Callable[[], None] | None = None,
 ) -> ToolResult:
     started = time.monotonic()
     try:
@@ -93,6 +94,7 @@ async def execute(
             start_new_session=True,
             cwd=cwd,
             env=env,
+            preexec_fn=preexec_fn,
         )
     except OSError as exc:
         return ToolResult(
@@ -128,3 +130,75 @@ async def execute(
         timed_out=timed_out,
         duration_s=round(time.monotonic() - started, 4),
     )
+
+
+class Job:
+    """A command left running in the background: its output is kept (head and tail) as it comes, and
+    it is killed when `lifetime_s` passes or `kill` is called."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, capture: Capture, lifetime_s: float) -> None:
+        self.proc = proc
+        self.capture = capture
+        self.started = time.monotonic()
+        self.killed_at_lifetime = False
+        assert proc.stdout is not None
+        self._reader = asyncio.ensure_future(capture.drain(proc.stdout))
+        self._watchdog = asyncio.ensure_future(self._expire(lifetime_s))
+
+    @classmethod
+    async def start(
+        cls,
+        argv: Sequence[str],
+        *,
+        output_cap: int,
+        lifetime_s: float,
+        env: Mapping[str, str],
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> Job:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+            preexec_fn=preexec_fn,
+        )
+        return cls(proc, Capture(output_cap), lifetime_s)
+
+    async def _expire(self, lifetime_s: float) -> None:
+        try:
+            await asyncio.wait_for(self.proc.wait(), lifetime_s)
+        except TimeoutError:
+            self.killed_at_lifetime = True
+            _kill_group(self.proc)
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
+
+    def result(self) -> ToolResult:
+        code = self.proc.returncode
+        if code is None:
+            state = "running"
+        elif self.killed_at_lifetime:
+            state = "killed: ran past its lifetime"
+        else:
+            state = f"exited with code {code}"
+        return ToolResult(
+            ok=code in (None, 0),
+            output=f"[{state} after {time.monotonic() - self.started:.1f}s]\n{self.capture.text()}",
+            exit_code=code,
+            truncated=self.capture.truncated,
+            error=None if code in (None, 0) else state,
+        )
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            _kill_group(self.proc)
+        await self.proc.wait()
+        self._watchdog.cancel()
+        try:
+            await asyncio.wait_for(self._reader, DRAIN_GRACE_S)
+        except TimeoutError:
+            self._reader.cancel()

@@ -1,41 +1,37 @@
-"""One sandbox session: a workspace unpacked from a task snapshot, and the sandboxed commands run in it.
+"""One sandbox session: a workspace over a task snapshot, the commands run in it, its background jobs
+and its edit history.
 
-The snapshot is committed to a git repository kept outside the workspace (the agent never sees it),
-so the diff of the agent's work can be exported at any time. Every git and tar command runs inside
-the sandbox: a link planted in the workspace cannot make them read or write a host file.
+Calls on one session are serialised (`exclusive`); destroying it cancels the running call, kills its
+background jobs and every process left in its cgroup, and deletes the workspace. Every git and tar
+command runs inside the sandbox: a link planted in the workspace cannot make them touch a host file.
 """
 
 from __future__ import annotations
 
 import asyncio
-import shutil
 import time
-from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
-from typing import Any, TypeVar
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TypeVar
 
 from crucible.bus import RequestError
 from crucible.contracts.sandbox import ToolResult
 from services.sandbox.archive import BadArchive, check_archive
-from services.sandbox.bwrap import WORKSPACE, Bind, Sandbox
-from services.sandbox.process import execute
+from services.sandbox.beneath import Root
+from services.sandbox.bwrap import Bind, Sandbox
+from services.sandbox.cgroups import Cgroup
+from services.sandbox.process import Job
 from services.sandbox.settings import Settings
+from services.sandbox.workspace import GIT_PREPARE, UNTAR, Workspace, git_env
 
 T = TypeVar("T")
-GIT_DIR = "/crucible/baseline.git"
-GIT_ENV = {"GIT_DIR": GIT_DIR, "GIT_WORK_TREE": WORKSPACE}
 INTERNAL_TIMEOUT_S = 120.0
-UNTAR = ["tar", "-xzf", "-", "--no-same-owner", "-C", WORKSPACE]
-_COMMIT = "git -c user.name=crucible -c user.email=crucible@localhost commit -q --no-verify --allow-empty"
-_IGNORED = "'__pycache__/' '*.pyc' '.pytest_cache/'"
-BASELINE = (
-    f"set -e; git init -q; printf '%s\\n' {_IGNORED} > \"$GIT_DIR/info/exclude\"; "
-    f"git add -A -f; {_COMMIT} -m snapshot"
-)
 DIFF = (
-    "git add -A >/tmp/git.log 2>&1 || { cat /tmp/git.log; exit 97; }; "
+    f"{GIT_PREPARE}; git add -A >/tmp/git.log 2>&1 || {{ cat /tmp/git.log; exit 97; }}; "
     "git diff --cached --binary HEAD 2>/tmp/git.log || { cat /tmp/git.log; exit 98; }"
 )
+_SIGNALS = {9: "kill", 24: "cpu", 25: "file_size"}
+EDIT_HISTORY = 10
 
 
 class Session:
@@ -45,7 +41,8 @@ class Session:
         session_id: str,
         run_id: str,
         task_id: str,
-        root: Path,
+        workspace: Workspace,
+        cgroup: Cgroup | None,
         ttl_s: float,
         settings: Settings,
         sandbox: Sandbox,
@@ -53,35 +50,21 @@ class Session:
         self.id = session_id
         self.run_id = run_id
         self.task_id = task_id
-        self.root = root
-        self.workspace = root / "workspace"
-        self.git_dir = root / "baseline.git"
+        self.workspace = workspace
+        self.files = Root(workspace.path)
+        self.cgroup = cgroup
         self.ttl_s = ttl_s
         self.settings = settings
         self.sandbox = sandbox
         self.closed = False
         self.deadline = time.monotonic() + ttl_s
+        self.generation = 0
+        """Bumped by everything that may change the workspace (search indexes key on it)."""
+        self.jobs: dict[str, Job] = {}
+        self.edits: dict[str, list[bytes | None]] = {}
+        """Per path, what the file held before each edit tool call (None: it did not exist)."""
         self._lock = asyncio.Lock()
-        self._current: asyncio.Task | None = None
-
-    @classmethod
-    async def create(cls, *, archive: bytes, **kwargs: Any) -> Session:
-        """Unpack `archive` into a new workspace (kwargs as for `Session`) and commit it as the baseline.
-
-        Raises BadArchive if the archive is refused or does not unpack; nothing is left behind.
-        """
-        session = cls(**kwargs)
-        try:
-            session.workspace.mkdir(parents=True)
-            session.git_dir.mkdir()
-            await session.unpack(archive)
-            result = await session.sandboxed(["bash", "-c", BASELINE], git=True)
-            if not result.ok:
-                raise RuntimeError(f"cannot commit the snapshot: {result.error}: {result.output}")
-        except BaseException:
-            await session.destroy()
-            raise
-        return session
+        self._current: asyncio.Future | None = None
 
     @property
     def busy(self) -> bool:
@@ -98,12 +81,63 @@ class Session:
         output_cap: int | None = None,
         stdin: bytes | None = None,
         git: bool = False,
+        binds: Sequence[Bind] = (),
+        env: Mapping[str, str] = {},
     ) -> ToolResult:
-        """Run `argv` inside the sandbox over this workspace; with git=True the baseline repo is mounted."""
-        binds = [Bind(source=self.git_dir, dest=GIT_DIR, writable=True)] if git else []
-        command = self.sandbox.argv(argv, workspace=self.workspace, binds=binds, env=GIT_ENV if git else {})
-        cap = output_cap or self.settings.output_cap_bytes
-        return await execute(command, timeout_s=timeout_s, output_cap=cap, stdin=stdin)
+        """Run `argv` inside the sandbox over this workspace and say which limit stopped it, if one did."""
+        before = self.cgroup.counters() if self.cgroup else None
+        result = await self.sandbox.run(
+            argv,
+            workspace=self.workspace.path,
+            binds=[*(self.workspace.git_binds() if git else []), *binds],
+            env={**(git_env() if git else {}), **env},
+            timeout_s=timeout_s,
+            output_cap=output_cap or self.settings.output_cap_bytes,
+            stdin=stdin,
+            cgroup_procs=self.cgroup.procs_files if self.cgroup else (),
+        )
+        self.generation += 1
+        result.limit = self._limit_hit(result, before)
+        if result.limit and not result.timed_out:
+            result.error = f"{result.error}; stopped by the sandbox's {result.limit} limit"
+        return result
+
+    def _limit_hit(self, result: ToolResult, before) -> str | None:
+        if result.timed_out:
+            return "timeout"
+        code = result.exit_code
+        signal = -code if code is not None and code < 0 else code - 128 if code and code > 128 else None
+        after = self.cgroup.counters() if self.cgroup else None
+        if after and before and after.oom_kills > before.oom_kills:
+            return "memory"
+        if signal in (24, 25):
+            return _SIGNALS[signal]
+        if code and after and before and after.pids_refused > before.pids_refused:
+            return "processes"
+        free = self.workspace.free_bytes()
+        if code and free is not None and free < 64 * 1024:
+            return "disk"
+        return None
+
+    async def start_job(self, command: str) -> str:
+        """Start `command` in the background in its own sandbox over this workspace; its id."""
+        s = self.settings
+        for job_id in [j for j, job in self.jobs.items() if not job.running]:
+            if len(self.jobs) >= s.max_background_jobs:
+                del self.jobs[job_id]
+        if len(self.jobs) >= s.max_background_jobs:
+            raise RequestError("busy", f"this session already runs {s.max_background_jobs} background jobs")
+        job = await Job.start(
+            self.sandbox.argv(["bash", "-lc", command], workspace=self.workspace.path),
+            output_cap=s.output_cap_bytes,
+            lifetime_s=s.max_run_timeout_s,
+            env={},
+            preexec_fn=self.sandbox.preexec(self.cgroup.procs_files if self.cgroup else ()),
+        )
+        job_id = uuid.uuid4().hex[:8]
+        self.jobs[job_id] = job
+        self.generation += 1
+        return job_id
 
     async def unpack(self, archive: bytes) -> ToolResult:
         """Lay a tar.gz over the workspace root; BadArchive if it is refused or does not unpack."""
@@ -131,6 +165,12 @@ class Session:
         argv = ["git", "apply", "--whitespace=nowarn", "--verbose", "-"]
         return await self.sandboxed(argv, git=True, stdin=patch.encode())
 
+    def remember(self, path: str, before: bytes | None) -> None:
+        history = self.edits.setdefault(path, [])
+        history.append(before)
+        del history[:-EDIT_HISTORY]
+        self.generation += 1
+
     async def exclusive(self, work: Callable[[], Awaitable[T]]) -> T:
         """Run one call on this session: calls are serialised, and destroy() cancels the running one."""
         async with self._lock:
@@ -152,10 +192,13 @@ class Session:
                 self.touch()
 
     async def destroy(self) -> None:
-        """Stop the running call (its processes are killed) and delete the workspace."""
+        """Stop the running call and every process of the session, and delete the workspace."""
         self.closed = True
         current = self._current
         if current is not None and not current.done():
             current.cancel()
             await asyncio.gather(current, return_exceptions=True)
-        await asyncio.to_thread(shutil.rmtree, self.root, ignore_errors=True)
+        await asyncio.gather(*(job.kill() for job in self.jobs.values()), return_exceptions=True)
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.remove)
+        await asyncio.to_thread(self.workspace.destroy)

@@ -36,12 +36,29 @@ class Settings(CommonSettings):
     max_snapshot_members: int = Field(default=100_000, ge=1)
     max_diff_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     memory_bytes: int = Field(default=4 * 1024**3, ge=64 * 1024**2)
-    """Address-space limit of every process in a sandbox."""
+    """Memory of a session's processes together (cgroup), and address space of each one (rlimit)."""
     max_processes: int = Field(default=256, ge=8)
+    """Processes of one session at once (cgroup; the rlimit where there are no cgroups)."""
+    max_processes_per_uid: int = Field(default=8192, ge=64)
+    """With cgroups: the rlimit on all processes of the sandbox uid, every session together."""
+    cpus: float = Field(default=1.0, gt=0)
+    """CPU time of one session per wall second (cgroup)."""
     max_write_bytes: int = Field(default=1024**3, ge=1024**2)
     """Largest file a sandboxed process may write."""
+    disk_quota_bytes: int = Field(default=1024**3, ge=1024**2)
+    """What one session may write in all: its upper layer, on a tmpfs of this size (when the service
+    may mount; otherwise only max_write_bytes per file applies)."""
+    disk_quota_inodes: int = Field(default=200_000, ge=1024)
     cpu_seconds: int = Field(default=900, ge=1)
     open_files: int = Field(default=1024, ge=64)
+    sandbox_uid: int = Field(default=61000, ge=1)
+    """The unprivileged host uid and gid sandboxed commands run as, when the service runs as root."""
+    snapshot_cache_size: int = Field(default=64, ge=1)
+    """Unpacked task snapshots kept on this replica when no session uses them."""
+    max_fork: int = Field(default=64, ge=1)
+    """Copies one `sandbox.<replica>.fork` call may make."""
+    max_background_jobs: int = Field(default=4, ge=1)
+    """Background commands one session may have at once."""
     extra_ro_paths: list[Path] = Field(default_factory=list)
     """Host folders mounted read-only at the same path inside (besides the system and this Python)."""
 

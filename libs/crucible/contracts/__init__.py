@@ -7,7 +7,7 @@ from typing import TypeVar
 import msgspec
 
 from crucible.contracts import subjects
-from crucible.contracts.messages import *  # noqa: F403
+from crucible.contracts.messages import *
 from crucible.contracts.messages import Message
 
 M = TypeVar("M", bound=Message)

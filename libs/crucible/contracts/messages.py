@@ -142,6 +142,8 @@ class Trajectory(Message, tag="trajectory.v1"):
 class TestResult(msgspec.Struct, kw_only=True):
     nodeid: str
     outcome: str  # passed | failed | error | skipped
+    duration_s: float = 0.0
+    message: str = ""  # the assertion or error lines of a test that did not pass
 
 
 class Reward(msgspec.Struct, kw_only=True):

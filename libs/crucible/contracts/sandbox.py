@@ -3,7 +3,8 @@
 `sandbox.create` is served by a queue group (any replica with room answers); the reply names the replica
 that now holds the session, and every later call goes to `sandbox.<replica>.<verb>` (see
 `subjects.sandbox_call`) with one of the verbs below. Errors come back as `RemoteError` codes:
-`unknown_session`, `busy`, `bad_snapshot`, `bad_request`, `diff_too_large`, `session_closed`.
+`unknown_session`, `busy`, `bad_snapshot`, `bad_request`, `diff_too_large`, `session_closed`,
+`shutting_down`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from crucible.contracts.messages import Message, ObjectRef
+from crucible.contracts.messages import Message, ObjectRef, TestResult
 
 VERB_TOOL = "tool"
 VERB_DIFF = "diff"
@@ -20,7 +21,9 @@ VERB_APPLY = "apply"
 VERB_RUN = "run"
 VERB_OVERLAY = "overlay"
 VERB_DESTROY = "destroy"
-VERBS = (VERB_TOOL, VERB_DIFF, VERB_APPLY, VERB_RUN, VERB_OVERLAY, VERB_DESTROY)
+VERB_FORK = "fork"
+VERBS = (VERB_TOOL, VERB_DIFF, VERB_APPLY, VERB_RUN, VERB_OVERLAY, VERB_DESTROY, VERB_FORK)
+LIMITS = ("timeout", "memory", "processes", "cpu", "file_size", "disk")
 
 
 class ToolResult(msgspec.Struct, kw_only=True):
@@ -33,6 +36,8 @@ class ToolResult(msgspec.Struct, kw_only=True):
     exit_code: int | None = None
     timed_out: bool = False
     duration_s: float = 0.0
+    limit: str | None = None  # which of LIMITS stopped the command, if one did
+    tests: list[TestResult] | None = None  # run_tests: one outcome per test, from pytest itself
 
 
 class CreateRequest(Message, tag="sandbox.create.v1"):
@@ -85,6 +90,19 @@ class OverlayRequest(Message, tag="sandbox.overlay.v1"):
 
     session_id: str
     archive: ObjectRef
+
+
+class ForkRequest(Message, tag="sandbox.fork.v1"):
+    """Copy a prepared session into `count` new ones (the G rollouts of a group), on the same replica."""
+
+    session_id: str
+    count: int = 1
+    ttl_s: float = 600.0
+
+
+class ForkReply(Message, tag="sandbox.fork_reply.v1"):
+    session_ids: list[str]
+    replica: str
 
 
 class DestroyRequest(Message, tag="sandbox.destroy.v1"):

@@ -15,7 +15,7 @@ import msgspec
 
 from crucible.bus import RequestError
 from crucible.contracts.sandbox import ToolResult
-from services.sandbox.paths import PathRefused
+from services.sandbox.beneath import PathRefused
 
 if TYPE_CHECKING:
     from services.sandbox.session import Session
@@ -39,6 +39,15 @@ class Tool:
     args: type[Args]
     impl: Impl
     aliases: tuple[str, ...] = field(default=())
+    arg_aliases: dict[str, str] = field(default_factory=dict)
+    """Other agents' names for arguments (Cursor's target_file, SWE-agent's old_str...) -> ours."""
+
+    def normalise(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in arguments.items() if k not in IGNORED_ARGUMENTS}
+        for theirs, ours in self.arg_aliases.items():
+            if theirs in out and ours not in out:
+                out[ours] = out.pop(theirs)
+        return out
 
     def schema(self) -> dict[str, Any]:
         """A function-calling description: name, description and JSON schema of the arguments."""
@@ -49,15 +58,29 @@ class Tool:
         }
 
 
+IGNORED_ARGUMENTS = frozenset({"explanation"})
+"""Arguments some agents send with every call, for their own reasoning; accepted and ignored."""
 TOOLS: dict[str, Tool] = {}
 _NAMES: dict[str, Tool] = {}
 
 
 def tool(
-    *, name: str, args: type[Args], description: str, aliases: tuple[str, ...] = ()
+    *,
+    name: str,
+    args: type[Args],
+    description: str,
+    aliases: tuple[str, ...] = (),
+    arg_aliases: dict[str, str] | None = None,
 ) -> Callable[[Impl], Impl]:
     def register(impl: Impl) -> Impl:
-        entry = Tool(name=name, description=description, args=args, impl=impl, aliases=aliases)
+        entry = Tool(
+            name=name,
+            description=description,
+            args=args,
+            impl=impl,
+            aliases=aliases,
+            arg_aliases=arg_aliases or {},
+        )
         for key in (name, *aliases):
             if key in _NAMES:
                 raise ValueError(f"tool name {key!r} registered twice")
@@ -82,17 +105,25 @@ async def call_tool(session: Session, name: str, arguments: dict[str, Any]) -> T
     entry = lookup(name)
     if entry is None:
         return failure(f"unknown tool {name!r}; tools: {', '.join(sorted(TOOLS))}", started=started)
+    if not isinstance(arguments, dict):
+        return failure(f"arguments of {entry.name} must be an object", started=started)
     try:
-        args = msgspec.convert(arguments, entry.args)
+        args = msgspec.convert(entry.normalise(arguments), entry.args)
     except msgspec.ValidationError as exc:
         return failure(f"bad arguments for {entry.name}: {exc}", started=started)
     try:
         result = await entry.impl(session, args)
     except (ToolFailure, PathRefused) as exc:
         return failure(str(exc), started=started)
+    except FileNotFoundError as exc:
+        return failure(f"{exc.filename or 'path'}: no such file or directory", started=started)
+    except IsADirectoryError as exc:
+        return failure(f"{exc.filename or 'path'}: is a directory", started=started)
+    except NotADirectoryError as exc:
+        return failure(f"{exc.filename or 'path'}: a part of the path is not a directory", started=started)
     except RequestError:
         raise
-    except Exception as exc:  # a tool bug answers an error result; the service keeps serving
+    except Exception as exc:  # noqa: BLE001  (a tool bug answers an error result; the service keeps serving)
         return failure(f"{entry.name} failed: {type(exc).__name__}: {exc}", started=started)
     if not result.duration_s:
         result.duration_s = round(time.monotonic() - started, 4)

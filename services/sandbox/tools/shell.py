@@ -1,30 +1,138 @@
-"""run: a shell command inside the session's sandbox, with a timeout and an output cap."""
+"""Commands in the session's sandbox: run_terminal_cmd (foreground with a timeout and an output cap
+keeping head and tail, or in the background), background_job (its output so far, or kill it), and
+run_tests (pytest node ids in, one structured result per test out)."""
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from pathlib import Path
 from typing import Annotated
 
 import msgspec
 
+from crucible.contracts.messages import TestResult
 from crucible.contracts.sandbox import ToolResult
+from services.sandbox.bwrap import Bind
 from services.sandbox.session import Session
 from services.sandbox.tools.registry import Args, ToolFailure, tool
+
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+REPORT_DIR = "/crucible/report"
+PYTEST = ["python", "/crucible/plugins/crucible_pytest_report.py", "-p", "no:cacheprovider"]
+REPORT_CAP_BYTES = 8 * 1024 * 1024
 
 
 class RunArgs(Args):
     command: str
-    timeout_s: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    timeout_s: Seconds | None = None
+    is_background: bool = False
 
 
 @tool(
-    name="run",
+    name="run_terminal_cmd",
     args=RunArgs,
-    aliases=("bash", "shell"),
-    description="Run a bash command in the repository (no network); output is capped, head and tail kept.",
+    aliases=("run", "bash", "shell", "execute_bash"),
+    arg_aliases={"cmd": "command", "timeout": "timeout_s", "background": "is_background"},
+    description="Run a bash command in the repository (no network). Output is capped, head and tail "
+    "kept. is_background=true starts it in the background and answers a job id (see background_job).",
 )
-async def run(session: Session, args: RunArgs) -> ToolResult:
+async def run_terminal_cmd(session: Session, args: RunArgs) -> ToolResult:
     if not args.command.strip():
         raise ToolFailure("command must not be empty")
+    if args.is_background:
+        job_id = await session.start_job(args.command)
+        return ToolResult(ok=True, output=f"started in the background as job {job_id}")
     s = session.settings
     timeout = min(args.timeout_s or s.run_timeout_s, s.max_run_timeout_s)
     return await session.sandboxed(["bash", "-lc", args.command], timeout_s=timeout)
+
+
+class JobArgs(Args):
+    job_id: str
+    kill: bool = False
+
+
+@tool(
+    name="background_job",
+    args=JobArgs,
+    aliases=("job_status", "check_background"),
+    description="A background job's state and output so far (head and tail); kill=true stops it.",
+)
+async def background_job(session: Session, args: JobArgs) -> ToolResult:
+    job = session.jobs.get(args.job_id)
+    if job is None:
+        known = ", ".join(session.jobs) or "none"
+        raise ToolFailure(f"no background job {args.job_id!r} (jobs: {known})")
+    if args.kill:
+        await job.kill()
+    return job.result()
+
+
+class RunTestsArgs(Args):
+    node_ids: list[str] = msgspec.field(default_factory=list)
+    """pytest node ids (tests/test_x.py::test_y) or paths; none: pytest's own collection."""
+    pytest_args: list[str] = msgspec.field(default_factory=list)
+    timeout_s: Seconds | None = None
+
+
+def _parse_report(text: str) -> list[TestResult]:
+    tests = []
+    for line in text.splitlines():
+        try:
+            tests.append(msgspec.convert(json.loads(line), TestResult))
+        except (ValueError, msgspec.ValidationError) as exc:
+            raise ToolFailure(f"unreadable test report line: {exc}") from None
+    return tests
+
+
+@tool(
+    name="run_tests",
+    args=RunTestsArgs,
+    aliases=("pytest",),
+    arg_aliases={"tests": "node_ids", "test_ids": "node_ids", "args": "pytest_args"},
+    description="Run pytest on the given node ids; answers one result per test (passed, failed, error, "
+    "skipped) from pytest itself, plus the console output.",
+)
+async def run_tests(session: Session, args: RunTestsArgs) -> ToolResult:
+    for node in [*args.node_ids, *args.pytest_args]:
+        if not isinstance(node, str) or not node or "\x00" in node:
+            raise ToolFailure(f"not a usable pytest argument: {node!r}")
+    for node in args.node_ids:
+        if node.startswith("-"):
+            raise ToolFailure(f"{node!r} is an option, not a node id (put options in pytest_args)")
+    s = session.settings
+    timeout = min(args.timeout_s or s.run_timeout_s, s.max_run_timeout_s)
+    report_dir = Path(tempfile.mkdtemp(prefix="report-", dir=session.workspace.root.parent.parent))
+    try:
+        if session.sandbox.owner is not None:
+            os.chown(report_dir, *session.sandbox.owner)
+        report = f"{REPORT_DIR}/{uuid.uuid4().hex}.jsonl"
+        argv = [*PYTEST, f"--crucible-report={report}", *args.pytest_args, "--", *args.node_ids]
+        result = await session.sandboxed(
+            argv,
+            timeout_s=timeout,
+            binds=[Bind(source=report_dir, dest=REPORT_DIR, writable=True)],
+        )
+        written = report_dir / Path(report).name
+        if written.is_file() and not written.is_symlink() and written.stat().st_size <= REPORT_CAP_BYTES:
+            result.tests = _parse_report(written.read_text(errors="replace"))
+    finally:
+        shutil.rmtree(report_dir, ignore_errors=True)
+    if result.tests is None and not result.timed_out:
+        result.ok = False
+        result.error = f"pytest wrote no report ({result.error or 'exit code 0'})"
+    elif result.tests is not None:
+        failed = [t for t in result.tests if t.outcome in ("failed", "error")]
+        result.ok = not failed and not result.timed_out and bool(result.tests)
+        passed = sum(t.outcome == "passed" for t in result.tests)
+        result.error = (
+            None if result.ok else result.error or f"{len(failed)} of {len(result.tests)} tests failed"
+        )
+        result.output = (
+            f"{passed} passed, {len(failed)} failed or errored, {len(result.tests)} in all\n{result.output}"
+        )
+    return result

@@ -38,11 +38,11 @@ def start_service():
 
 
 @pytest.fixture
-async def sandbox(common_settings, tmp_path):
+async def sandbox(common_settings, sandbox_root):
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap (bwrap) is not installed")
     settings = common_settings(
-        SandboxSettings, workspace_root=tmp_path / "sandboxes", replica=f"sb-{uuid.uuid4().hex[:8]}"
+        SandboxSettings, workspace_root=sandbox_root, replica=f"sb-{uuid.uuid4().hex[:8]}"
     )
     async with running("sandbox", settings, sandbox_setup) as rt:
         yield rt

@@ -15,10 +15,10 @@ from services.sandbox.settings import Settings
 
 
 @pytest.fixture
-def sandbox_settings(common_settings, tmp_path, request):
+def sandbox_settings(common_settings, sandbox_root, request):
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap (bwrap) is not installed")
-    overrides = {"workspace_root": tmp_path / "sandboxes", "replica": f"sb-{uuid.uuid4().hex[:8]}"}
+    overrides = {"workspace_root": sandbox_root, "replica": f"sb-{uuid.uuid4().hex[:8]}"}
     return common_settings(Settings, **{**overrides, **getattr(request, "param", {})})
 
 

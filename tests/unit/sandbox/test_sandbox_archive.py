@@ -2,9 +2,9 @@ import io
 import tarfile
 
 import pytest
+from sandbox_archives import make_tar
 
 from services.sandbox.archive import BadArchive, check_archive
-from sandbox_archives import make_tar
 
 LIMITS = {"max_bytes": 10_000, "max_members": 10}
 

@@ -7,16 +7,28 @@ import socket
 import uuid
 from pathlib import Path
 
-from services.sandbox.bwrap import Sandbox
-from services.sandbox.process import execute
+import pytest
+
+from services.sandbox.bwrap import Bind, Sandbox
+
+
+@pytest.fixture
+def tmp_path(sandbox_root):
+    """A folder the unprivileged sandbox uid can reach (pytest's own is below a 0700 one)."""
+    path = sandbox_root / f"t-{uuid.uuid4().hex[:8]}"
+    path.mkdir(mode=0o755)
+    return path
 
 
 async def run_in(
     sandbox: Sandbox, workspace: Path, command: str, *, timeout_s: float = 30.0, output_cap: int = 65536
 ):
     workspace.mkdir(parents=True, exist_ok=True)
-    argv = sandbox.argv(["bash", "-c", command], workspace=workspace)
-    return await execute(argv, timeout_s=timeout_s, output_cap=output_cap)
+    if sandbox.owner is not None:
+        os.chown(workspace, *sandbox.owner)
+    return await sandbox.run(
+        ["bash", "-c", command], workspace=workspace, timeout_s=timeout_s, output_cap=output_cap
+    )
 
 
 def processes_with(marker: str) -> list[int]:
@@ -88,8 +100,10 @@ async def test_host_environment_and_files_are_not_visible(sandbox, tmp_path, mon
     host_dir = tmp_path / "host-only"
     host_dir.mkdir()
     (host_dir / "secret.txt").write_text("host data")
-    result = await run_in(sandbox, tmp_path / "ws", f"env; ls {host_dir} 2>&1; cat /etc/passwd")
-    assert "s3cr3t-value" not in result.output
+    result = await run_in(
+        sandbox, tmp_path / "ws", f"env; ls {host_dir} 2>&1; cat /etc/passwd; tr '\\0' '\\n' </proc/1/environ"
+    )
+    assert "s3cr3t-value" not in result.output and "CRUCIBLE_SANDBOX_SECRET" not in result.output
     assert "HOME=/tmp" in result.output and "PYTHONDONTWRITEBYTECODE=1" in result.output
     assert "No such file or directory" in result.output and "host data" not in result.output
     assert "sandbox:x:1000" in result.output
@@ -114,7 +128,10 @@ async def test_read_only_paths_under_the_hosts_tmp_stay_visible(sandbox, tmp_pat
     tool_dir = Path(tempfile.mkdtemp(prefix="crucible-ro-"))
     try:
         (tool_dir / "marker.txt").write_text("visible\n")
-        with_tmp = dataclasses.replace(sandbox, ro_paths=[*sandbox.ro_paths, tool_dir])
+        tool_dir.chmod(0o755)
+        with_tmp = dataclasses.replace(
+            sandbox, ro_binds=[*sandbox.ro_binds, Bind(source=tool_dir, dest=str(tool_dir))]
+        )
         result = await run_in(with_tmp, tmp_path / "ws", f"cat {tool_dir}/marker.txt; touch {tool_dir}/x")
         assert result.output.startswith("visible\n")
         assert not (tool_dir / "x").exists()

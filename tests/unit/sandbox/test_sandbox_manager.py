@@ -6,10 +6,10 @@ import asyncio
 import hashlib
 
 import pytest
+from sandbox_archives import REPO, make_tar
 
 from crucible.bus import RequestError
 from crucible.contracts.messages import ObjectRef
-from sandbox_archives import REPO, make_tar
 from services.sandbox.manager import SessionManager
 from services.sandbox.settings import Settings
 

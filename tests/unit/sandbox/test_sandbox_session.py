@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sandbox_archives import make_tar
 
 from crucible.bus import RequestError
-from sandbox_archives import make_tar
 from services.sandbox.archive import BadArchive
 from services.sandbox.tools import call_tool
 

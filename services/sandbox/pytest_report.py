@@ -1,0 +1,68 @@
+"""Runs pytest with a plugin that writes one JSON line per test (node id, outcome, short message) to the file
+named by --crucible-report. `run_tests` runs this file as the script inside the sandbox and reads the
+results from that file, never from the console, where the code under test can print anything (a fake
+"PASSED" too). As the script, it is imported from its own folder, so a module of the same name planted
+in the workspace cannot stand in for it.
+
+This module runs inside the sandbox under the task's Python: it imports nothing of Crucible.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+_results: dict[str, dict[str, object]] = {}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--crucible-report", default=None, help="write per-test results here (JSON lines)")
+
+
+def _record(nodeid: str, outcome: str, duration: float, message: str) -> None:
+    seen = _results.get(nodeid)
+    if seen is None:
+        _results[nodeid] = {"nodeid": nodeid, "outcome": outcome, "duration_s": duration, "message": message}
+        return
+    seen["duration_s"] = float(seen["duration_s"]) + duration  # type: ignore[arg-type]
+    if _RANK[outcome] > _RANK[str(seen["outcome"])]:
+        seen["outcome"], seen["message"] = outcome, message
+
+
+def _message(report) -> str:
+    text = getattr(report, "longreprtext", "") or ""
+    lines = [line for line in text.splitlines() if line.startswith("E ")]
+    return ("\n".join(lines[-5:]) or text[-500:])[:1000]
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        outcome = "skipped" if report.skipped else "passed" if report.passed else "failed"
+    elif report.failed:
+        outcome = "error"  # setup or teardown failed
+    elif report.skipped:
+        outcome = "skipped"
+    else:
+        return
+    _record(report.nodeid, outcome, float(getattr(report, "duration", 0.0)), _message(report))
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _record(report.nodeid or "<collection>", "error", 0.0, _message(report))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    path = session.config.getoption("--crucible-report")
+    if path:
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(result) + "\n" for result in _results.values())
+
+
+if __name__ == "__main__":
+    import pytest
+
+    sys.path.insert(1, os.getcwd())  # the workspace importable, as under `python -m pytest`
+    sys.exit(pytest.main(sys.argv[1:], plugins=[sys.modules[__name__]]))
