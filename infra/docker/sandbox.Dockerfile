@@ -11,12 +11,14 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
-RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin crucible
 COPY pyproject.toml README.md ./
 COPY libs ./libs
 COPY services ./services
 RUN pip install ".[sandbox]"
 
-USER crucible
+# The service runs as root in its container so that it can mount each session's quota tmpfs and
+# overlay and make its cgroups; every sandboxed command runs as the unprivileged uid 61000
+# (CRUCIBLE_SANDBOX_UID) with no capabilities. Without mount rights it falls back to copied workspaces.
+USER root
 EXPOSE 8080
 CMD ["python", "-m", "services.sandbox"]

@@ -1,13 +1,14 @@
 """Grading one trajectory: rebuild its final workspace in a fresh sandbox and run the hidden tests.
 
+The per-test outcomes come from the sandbox's `run_tests` tool, which reads them from pytest itself,
+never from the console the code under test can print into.
+
 A trajectory that cheats or whose code fails scores 0 (see `reward`). A failure of Crucible's own
 infrastructure (catalog or sandbox unreachable or refusing, a bus timeout, a task whose hidden tests do
 not unpack) raises instead, so the message is redelivered and graded later rather than scored 0.
 """
 
 from __future__ import annotations
-
-import uuid
 
 import structlog
 
@@ -16,12 +17,12 @@ from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts import subjects
 from crucible.contracts.messages import Reward, TaskReply, TaskRequest, TaskSecret, Trajectory
 from services.grader.anticheat import BadDiff, protected_paths
-from services.grader.junit import JunitError, parse_junit
 from services.grader.reward import compute_reward, zero_reward
 from services.grader.settings import Settings
 
 log = structlog.get_logger("crucible.grader")
 NOTE_CHARS = 500
+PYTEST = ("python", "-m", "pytest")
 
 
 class GradingInfraError(RuntimeError):
@@ -72,21 +73,16 @@ async def run_hidden_tests(
     overlay = await session.overlay(secret.hidden_tests)
     if not overlay.ok:
         raise GradingInfraError(f"hidden tests of {secret.task_id} do not unpack: {overlay.error}")
-    report = f".crucible-junit-{uuid.uuid4().hex}.xml"
-    run = await session.run([*secret.test_command, f"--junitxml={report}"], timeout_s=settings.test_timeout_s)
+    command = list(secret.test_command)
+    if command[:3] != list(PYTEST):
+        raise GradingInfraError(f"task {secret.task_id}: test command {command} is not `python -m pytest ...`")
+    run = await session.tool("run_tests", pytest_args=command[3:], timeout_s=settings.test_timeout_s)
     if run.timed_out:
         return zero_reward(note=f"hidden tests ran past {settings.test_timeout_s:.0f}s")
-    read = await session.run(["cat", "--", report], timeout_s=30.0, output_cap=settings.report_cap_bytes)
-    if not read.ok:
+    if not run.tests:
         return zero_reward(
-            note=f"no test report (test command exit {run.exit_code}): {run.output[-200:]}"[:NOTE_CHARS]
+            note=f"no test results ({run.error or 'no tests ran'}): {run.output[-300:]}"[:NOTE_CHARS]
         )
-    if read.truncated:
-        return zero_reward(note=f"test report is over {settings.report_cap_bytes} bytes")
-    try:
-        tests = parse_junit(read.output)
-    except JunitError as exc:
-        return zero_reward(note=f"unreadable test report: {exc}"[:NOTE_CHARS])
     return compute_reward(
-        tests=tests, tool_calls=trajectory.tool_calls, shaping_weight=settings.shaping_weight
+        tests=run.tests, tool_calls=trajectory.tool_calls, shaping_weight=settings.shaping_weight
     )

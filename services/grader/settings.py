@@ -18,12 +18,10 @@ class Settings(CommonSettings):
     """Attempts before a trajectory that keeps failing goes to the dead-letter subject."""
     test_timeout_s: float = Field(default=300.0, gt=0)
     """Wall-clock limit of the hidden test run; a run past it scores 0."""
-    report_cap_bytes: int = Field(default=1024 * 1024, ge=4096)
-    """Largest JUnit report read back from the sandbox."""
     sandbox_ttl_s: float = Field(default=900.0, gt=0)
     catalog_timeout_s: float = Field(default=10.0, gt=0)
     sandbox_timeout_s: float = Field(default=120.0, gt=0)
-    """Deadline of one sandbox call other than the test run (create, apply, overlay, read)."""
+    """Deadline of one sandbox call other than the test run (create, apply, overlay)."""
     shaping_weight: float = Field(default=0.1, ge=0)
     """Weight of the tool-success shaping term (see services.grader.reward)."""
     graded_key_ttl_s: int = Field(default=7 * 86400, ge=60)

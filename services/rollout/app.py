@@ -11,7 +11,7 @@ from prometheus_client import Counter, Gauge
 
 from crucible.bus import Bus
 from crucible.clients.checkpoints import load_weights
-from crucible.clients.sandbox import SandboxClient
+from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts import subjects
 from crucible.contracts.messages import (
     Event,
@@ -33,6 +33,7 @@ EPISODES = Counter("crucible_rollout_episodes_total", "Episodes finished", ["run
 TOKENS = Counter("crucible_rollout_tokens_total", "Tokens in finished episodes", ["run_id"])
 VERSION = Gauge("crucible_rollout_policy_version", "Policy version loaded", ["run_id"])
 GROUP_RETRY_S = 2.0
+SANDBOX_TTL_S = 600.0  # idle time after which a crashed rollout's sandboxes are reaped
 
 
 async def run_finished(*, bus: Bus, run_id: str) -> bool:
@@ -131,7 +132,16 @@ class RunWorker:
             await release(redis=self.rt.redis, run_id=self.run_id)
             await asyncio.sleep(GROUP_RETRY_S)
             return
-        episodes = [self._episode(task, group_id, index * 1000 + i) for i in range(self.config.group_size)]
+        try:
+            sessions = await self._group_sandboxes(task)
+        except Exception as exc:  # no sandbox for the group: give the slot back and let a later try use it
+            self.rt.log.error("could not prepare sandboxes", run_id=self.run_id, group=index, error=repr(exc))
+            await release(redis=self.rt.redis, run_id=self.run_id)
+            await asyncio.sleep(GROUP_RETRY_S)
+            return
+        episodes = [
+            self._episode(task, group_id, index * 1000 + i, session) for i, session in enumerate(sessions)
+        ]
         results = await asyncio.gather(*episodes, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
@@ -143,10 +153,16 @@ class RunWorker:
                 self.rt.log.error("could not publish", run_id=self.run_id, trajectory=result.trajectory_id, error=repr(exc))
         await self._report()
 
-    async def _episode(self, task, group_id: str, seed: int) -> Trajectory:
-        async with await self.sandboxes.create(
-            run_id=self.run_id, task_id=task.task_id, snapshot=task.snapshot, ttl_s=600
-        ) as session:
+    async def _group_sandboxes(self, task) -> list[SandboxSession]:
+        """One sandbox prepared from the task snapshot, forked into the group's G copies."""
+        prepared = await self.sandboxes.create(
+            run_id=self.run_id, task_id=task.task_id, snapshot=task.snapshot, ttl_s=SANDBOX_TTL_S
+        )
+        async with prepared:
+            return await prepared.fork(self.config.group_size, ttl_s=SANDBOX_TTL_S)
+
+    async def _episode(self, task, group_id: str, seed: int, session: SandboxSession) -> Trajectory:
+        async with session:
             trajectory = await run_episode(
                 engine=self.engine,
                 config=self.config,

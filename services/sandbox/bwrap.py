@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crucible.contracts.sandbox import ToolResult
-from services.sandbox.process import execute
+from services.sandbox.process import Capture, execute
 
 WORKSPACE = "/workspace"
 UID = 1000
@@ -95,7 +95,9 @@ def bwrap_path() -> str:
 def bwrap_supports(option: str) -> bool:
     """Whether this bubblewrap knows `option` (--disable-userns needs 0.8 or later)."""
     try:
-        out = subprocess.run([bwrap_path(), "--help"], capture_output=True, text=True, timeout=10, check=False)
+        out = subprocess.run(
+            [bwrap_path(), "--help"], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, RuntimeError, subprocess.TimeoutExpired):
         return False
     return option in out.stdout + out.stderr
@@ -180,6 +182,7 @@ class Sandbox:
         env: Mapping[str, str] = {},
         stdin: bytes | None = None,
         cgroup_procs: Sequence[str] = (),
+        stderr: Capture | None = None,
     ) -> ToolResult:
         """Run `command` in a sandbox over `workspace` and wait for it (see `process.execute`)."""
         return await execute(
@@ -189,6 +192,7 @@ class Sandbox:
             stdin=stdin,
             env={},
             preexec_fn=self.preexec(cgroup_procs),
+            stderr=stderr,
         )
 
     def argv(

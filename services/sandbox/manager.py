@@ -200,6 +200,10 @@ class SessionManager:
         """`count` copies of `parent`'s workspace as it is now (call under the parent's lock)."""
         if not 1 <= count <= self.settings.max_fork:
             raise RequestError("bad_request", f"count must be 1..{self.settings.max_fork}, got {count}")
+        if any(job.running for job in parent.jobs.values()):
+            # The copy runs on the host and opens what it copies by path: a running job could swap a
+            # folder for a symlink mid-copy and have a host file copied into the fork.
+            raise RequestError("busy", "the session runs background jobs; kill them before forking it")
         self._room(count)
         self._creating += count
         children: list[Session] = []

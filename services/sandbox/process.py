@@ -1,8 +1,9 @@
 """Run one process with a hard timeout and an output cap, and say what happened as a `ToolResult`.
 
 The process starts in its own process group; on timeout or cancellation the whole group is killed.
-Output (stdout and stderr together) is read as it comes; when it exceeds the cap, the head and the
-tail are kept and the middle is dropped, so both the command's start and its final error survive.
+Output (stdout and stderr together, unless the caller asks for stderr apart) is read as it comes;
+when it exceeds the cap, the head and the tail are kept and the middle is dropped, so both the
+command's start and its final error survive.
 """
 
 from __future__ import annotations
@@ -83,14 +84,17 @@ async def execute(
     env: Mapping[str, str] | None = None,
     keep_tail: bool = True,
     preexec_fn: Callable[[], None] | None = None,
+    stderr: Capture | None = None,
 ) -> ToolResult:
+    """Run `argv` and wait for it. With `stderr`, the command's stderr goes there instead of into the
+    result's output (and `truncated` says whether either was cut)."""
     started = time.monotonic()
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
             stdin=asyncio.subprocess.PIPE if stdin is not None else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT,
+            stderr=asyncio.subprocess.STDOUT if stderr is None else asyncio.subprocess.PIPE,
             start_new_session=True,
             cwd=cwd,
             env=env,
@@ -102,7 +106,11 @@ async def execute(
         )
     capture = Capture(output_cap, keep_tail=keep_tail)
     assert proc.stdout is not None
-    reader = asyncio.create_task(capture.drain(proc.stdout))
+    readers = [capture.drain(proc.stdout)]
+    if stderr is not None:
+        assert proc.stderr is not None
+        readers.append(stderr.drain(proc.stderr))
+    reader = asyncio.gather(*readers)
     timed_out = False
     try:
         async with asyncio.timeout(timeout_s):
@@ -125,7 +133,7 @@ async def execute(
         ok=code == 0 and not timed_out,
         output=capture.text(),
         error=error,
-        truncated=capture.truncated,
+        truncated=capture.truncated or (stderr is not None and stderr.truncated),
         exit_code=None if timed_out else code,
         timed_out=timed_out,
         duration_s=round(time.monotonic() - started, 4),

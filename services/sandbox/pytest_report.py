@@ -65,4 +65,7 @@ if __name__ == "__main__":
     import pytest
 
     sys.path.insert(1, os.getcwd())  # the workspace importable, as under `python -m pytest`
-    sys.exit(pytest.main(sys.argv[1:], plugins=[sys.modules[__name__]]))
+    code = int(pytest.main(sys.argv[1:], plugins=[sys.modules[__name__]]))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # no atexit hooks: one the code under test registered could rewrite the report

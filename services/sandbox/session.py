@@ -20,7 +20,7 @@ from services.sandbox.archive import BadArchive, check_archive
 from services.sandbox.beneath import Root
 from services.sandbox.bwrap import Bind, Sandbox
 from services.sandbox.cgroups import Cgroup
-from services.sandbox.process import Job
+from services.sandbox.process import Capture, Job
 from services.sandbox.settings import Settings
 from services.sandbox.workspace import GIT_PREPARE, UNTAR, Workspace, git_env
 
@@ -83,8 +83,10 @@ class Session:
         git: bool = False,
         binds: Sequence[Bind] = (),
         env: Mapping[str, str] = {},
+        stderr: Capture | None = None,
     ) -> ToolResult:
-        """Run `argv` inside the sandbox over this workspace and say which limit stopped it, if one did."""
+        """Run `argv` inside the sandbox over this workspace and say which limit stopped it, if one did
+        (stderr goes into the output, or to `stderr` when given)."""
         before = self.cgroup.counters() if self.cgroup else None
         result = await self.sandbox.run(
             argv,
@@ -95,6 +97,7 @@ class Session:
             output_cap=output_cap or self.settings.output_cap_bytes,
             stdin=stdin,
             cgroup_procs=self.cgroup.procs_files if self.cgroup else (),
+            stderr=stderr,
         )
         self.generation += 1
         result.limit = self._limit_hit(result, before)

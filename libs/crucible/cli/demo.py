@@ -31,7 +31,9 @@ def demo(
     seed: Annotated[int, typer.Option(help="Seed of the run (model init, task sampling).")] = 0,
     as_json: Annotated[bool, typer.Option("--json", help="Print only a machine-readable summary.")] = False,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 900.0,
-    keep_running: Annotated[bool, typer.Option(help="Keep the stack up after the run, until Ctrl-C.")] = False,
+    keep_running: Annotated[
+        bool, typer.Option(help="Keep the stack up after the run, until Ctrl-C.")
+    ] = False,
 ) -> None:
     """Start every service locally and train a tiny policy for a few steps."""
     import httpx
@@ -52,7 +54,9 @@ def demo(
         run_id = response.json()["run_id"]
         console.print(f"run [bold]{run_id}[/bold] created; API at {stack.api_url}")
         progress = _follow(client=client, stack=stack, run_id=run_id, console=console, timeout=timeout)
-        summary = _summary(client=client, run_id=run_id, api_url=stack.api_url, elapsed=time.monotonic() - started)
+        summary = _summary(
+            client=client, run_id=run_id, api_url=stack.api_url, elapsed=time.monotonic() - started
+        )
         summary["progress_ok"] = progress
         if as_json:
             print(json.dumps(summary, indent=2))

@@ -17,7 +17,7 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-COMMAND_MODULES = ("up", "db", "demo", "runs")
+COMMAND_MODULES = ("up", "db", "demo", "runs", "sandbox")
 """Registered in this order; a module not written yet is left out."""
 
 for _name in COMMAND_MODULES:

@@ -14,7 +14,9 @@ runs_app = typer.Typer(help="Query run history over the REST API.", no_args_is_h
 
 ApiOption = Annotated[
     str,
-    typer.Option("--api", help="Base URL of the Crucible API (env CRUCIBLE_API_URL).", envvar="CRUCIBLE_API_URL"),
+    typer.Option(
+        "--api", help="Base URL of the Crucible API (env CRUCIBLE_API_URL).", envvar="CRUCIBLE_API_URL"
+    ),
 ]
 DEFAULT_API = os.environ.get("CRUCIBLE_API_URL", "http://127.0.0.1:8000")
 
@@ -52,7 +54,9 @@ def list_runs(
 
 
 @runs_app.command("show")
-def show_run(run_id: str, api: ApiOption = DEFAULT_API, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+def show_run(
+    run_id: str, api: ApiOption = DEFAULT_API, as_json: Annotated[bool, typer.Option("--json")] = False
+) -> None:
     """One run: its config, steps and checkpoints."""
     run = _get(api, f"/v1/runs/{run_id}")
     steps = _get(api, f"/v1/runs/{run_id}/steps", limit=500)["items"]
@@ -67,8 +71,12 @@ def show_run(run_id: str, api: ApiOption = DEFAULT_API, as_json: Annotated[bool,
     for s in steps:
         m = s["metrics"]
         table.add_row(
-            str(s["step"]), str(s["version"]), f"{m.get('loss', 0):.4f}", f"{m.get('reward_mean', 0):.3f}",
-            f"{m.get('staleness_mean', 0):.2f}", str(len(s["trajectory_ids"])),
+            str(s["step"]),
+            str(s["version"]),
+            f"{m.get('loss', 0):.4f}",
+            f"{m.get('reward_mean', 0):.3f}",
+            f"{m.get('staleness_mean', 0):.2f}",
+            str(len(s["trajectory_ids"])),
         )
     console.print(table)
     console.print("checkpoints: " + ", ".join(f"v{c['version']} (step {c['step']})" for c in checkpoints))

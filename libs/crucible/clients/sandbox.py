@@ -2,6 +2,7 @@
 
     async with await SandboxClient(bus).create(run_id=..., task_id=..., snapshot=ref) as box:
         result = await box.tool("read_file", path="setup.py")
+        copies = await box.fork(8)  # the G rollouts of a group, from one prepared workspace
         diff = await box.diff()
 
 Errors from the service raise `crucible.bus.RemoteError` with a code (`unknown_session`, `busy`,
@@ -20,6 +21,7 @@ from crucible.contracts.sandbox import (
     VERB_APPLY,
     VERB_DESTROY,
     VERB_DIFF,
+    VERB_FORK,
     VERB_OVERLAY,
     VERB_RUN,
     VERB_TOOL,
@@ -30,6 +32,8 @@ from crucible.contracts.sandbox import (
     DestroyRequest,
     DiffReply,
     DiffRequest,
+    ForkReply,
+    ForkRequest,
     OverlayRequest,
     RunRequest,
     ToolReply,
@@ -100,6 +104,17 @@ class SandboxSession:
             self._subject(VERB_OVERLAY), request, ToolReply, timeout=self.call_timeout_s
         )
         return reply.result
+
+    async def fork(self, count: int, *, ttl_s: float = 600.0) -> list[SandboxSession]:
+        """`count` copies of this session's workspace as it is now, on the same replica (copy-on-write)."""
+        request = ForkRequest(session_id=self.session_id, count=count, ttl_s=ttl_s)
+        reply = await self.bus.request(
+            self._subject(VERB_FORK), request, ForkReply, timeout=self.call_timeout_s
+        )
+        return [
+            SandboxSession(self.bus, session_id=sid, replica=reply.replica, call_timeout_s=self.call_timeout_s)
+            for sid in reply.session_ids
+        ]
 
     async def destroy(self) -> bool:
         """Destroy the session; False if it was already gone."""

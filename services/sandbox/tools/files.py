@@ -17,7 +17,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from crucible.contracts.sandbox import ToolResult
-from services.sandbox.beneath import relative_name
+from services.sandbox.beneath import PathRefused, relative_name
 from services.sandbox.session import Session
 from services.sandbox.tools.registry import Args, ToolFailure, tool
 
@@ -273,7 +273,15 @@ class DeleteFileArgs(Args):
 
 
 def _delete_file(session: Session, args: DeleteFileArgs) -> ToolResult:
-    before = _previous(session, args.path)
+    try:
+        before = _previous(session, args.path)
+    except PathRefused:
+        # Too large to keep for undo_edit, or not a regular file: deleted all the same (unlink checks
+        # the path itself), and its older edits can no longer be undone.
+        session.files.unlink(args.path)
+        session.edits.pop(os.path.normpath(relative_name(args.path)), None)
+        session.generation += 1
+        return ToolResult(ok=True, output=f"{args.path}: deleted (undo_edit cannot bring this one back)")
     if before is None and not session.files.exists(args.path):
         raise ToolFailure(f"{args.path}: no such file")
     key = _key(session, args.path)

