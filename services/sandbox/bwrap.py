@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import functools
 import os
-import resource
+import select
+import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from crucible.contracts.sandbox import ToolResult
-from services.sandbox.process import Capture, execute
+from services.sandbox.process import Capture, Job, execute
 
 WORKSPACE = "/workspace"
 UID = 1000
@@ -49,17 +51,15 @@ class Limits:
     cpu_seconds: int
     open_files: int
 
-    def apply(self) -> None:
-        """Set the rlimits of the calling process (the child, before it execs bubblewrap)."""
-        for kind, value in (
-            (resource.RLIMIT_AS, self.memory_bytes),
-            (resource.RLIMIT_NPROC, self.max_processes),
-            (resource.RLIMIT_FSIZE, self.max_write_bytes),
-            (resource.RLIMIT_CPU, self.cpu_seconds),
-            (resource.RLIMIT_NOFILE, self.open_files),
-            (resource.RLIMIT_CORE, 0),
-        ):
-            resource.setrlimit(kind, (value, value))
+    def prlimit_options(self) -> list[str]:
+        return [
+            f"--as={self.memory_bytes}",
+            f"--nproc={self.max_processes}",
+            f"--fsize={self.max_write_bytes}",
+            f"--cpu={self.cpu_seconds}",
+            f"--nofile={self.open_files}",
+            "--core=0",
+        ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -84,11 +84,17 @@ def python_paths() -> list[Path]:
 
 
 @functools.cache
-def bwrap_path() -> str:
-    found = shutil.which("bwrap")
+def _tool(name: str) -> str:
+    found = shutil.which(name)
     if found is None:
-        raise RuntimeError("bubblewrap (bwrap) is not installed; `make test` installs it with apt-get")
+        raise RuntimeError(
+            f"{name} is not installed (bubblewrap: Debian's bubblewrap; prlimit, setpriv: util-linux)"
+        )
     return found
+
+
+def bwrap_path() -> str:
+    return _tool("bwrap")
 
 
 @functools.cache
@@ -112,16 +118,6 @@ def write_etc(directory: Path) -> Path:
     return directory
 
 
-def _join_cgroups(procs_files: Sequence[str]) -> None:
-    pid = str(os.getpid()).encode()
-    for path in procs_files:
-        fd = os.open(path, os.O_WRONLY)
-        try:
-            os.write(fd, pid)
-        finally:
-            os.close(fd)
-
-
 @dataclass(frozen=True, kw_only=True)
 class Sandbox:
     limits: Limits
@@ -133,6 +129,8 @@ class Sandbox:
     host_uid: int | None = None
     """The unprivileged host uid (and gid) commands run as; None keeps the service's own."""
     disable_userns: bool = True
+    tmp_bytes: int | None = None
+    """Size of each command's private /tmp (a tmpfs; bubblewrap 0.8+), None: the kernel's default."""
     """Forbid new user namespaces inside (bubblewrap 0.8+)."""
 
     @property
@@ -157,19 +155,47 @@ class Sandbox:
             **extra,
         }
 
-    def preexec(self, cgroup_procs: Sequence[str] = ()) -> Callable[[], None]:
-        """What the child does between fork and exec: join cgroups, set rlimits, drop to the host uid."""
-        uid = self.host_uid
+    def launcher(self, cgroup_procs: Sequence[str] = ()) -> list[str]:
+        """What runs before bubblewrap, each exec'ing the next: a shell that joins the session's cgroups
+        (as the service), prlimit (the rlimits), setpriv (the unprivileged host uid). Separate programs
+        rather than a preexec function, so that Python can spawn with vfork: a fork of a large service
+        process costs milliseconds per command."""
+        prefix: list[str] = []
+        if cgroup_procs:
+            joins = " && ".join(f"echo $$ > {shlex.quote(path)}" for path in cgroup_procs)
+            prefix += [_tool("sh"), "-c", f'{joins} && unset PWD && exec "$@"', "sh"]  # PWD: the host's
+        prefix += [_tool("prlimit"), *self.limits.prlimit_options(), "--"]
+        if self.host_uid is not None:
+            uid = str(self.host_uid)
+            prefix += [_tool("setpriv"), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"]
+        return prefix
 
-        def prepare() -> None:
-            _join_cgroups(cgroup_procs)
-            self.limits.apply()
-            if uid is not None:
-                os.setgroups([])
-                os.setresgid(uid, uid, uid)
-                os.setresuid(uid, uid, uid)
-
-        return prepare
+    @contextmanager
+    def launch(
+        self,
+        command: Sequence[str],
+        *,
+        workspace: Path,
+        binds: Sequence[Bind] = (),
+        env: Mapping[str, str] = {},
+        cgroup_procs: Sequence[str] = (),
+    ) -> Iterator[tuple[list[str], tuple[int, ...]]]:
+        """The argv that runs `command` in a sandbox, and the fd to pass it: bubblewrap reads its
+        options from a pipe (--args), so its own command line, pid 1's inside, shows no host path."""
+        options = b"".join(
+            os.fsencode(o) + b"\0" for o in self.options(workspace=workspace, binds=binds, env=env)
+        )
+        if len(options) >= select.PIPE_BUF * 8:
+            raise ValueError(f"bubblewrap options of {len(options)} bytes do not fit a pipe")
+        read, write = os.pipe()
+        try:
+            os.write(write, options)
+        finally:
+            os.close(write)
+        try:
+            yield [*self.launcher(cgroup_procs), bwrap_path(), "--args", str(read), "--", *command], (read,)
+        finally:
+            os.close(read)
 
     async def run(
         self,
@@ -183,28 +209,40 @@ class Sandbox:
         stdin: bytes | None = None,
         cgroup_procs: Sequence[str] = (),
         stderr: Capture | None = None,
+        keep_tail: bool = True,
     ) -> ToolResult:
         """Run `command` in a sandbox over `workspace` and wait for it (see `process.execute`)."""
-        return await execute(
-            self.argv(command, workspace=workspace, binds=binds, env=env),
-            timeout_s=timeout_s,
-            output_cap=output_cap,
-            stdin=stdin,
-            env={},
-            preexec_fn=self.preexec(cgroup_procs),
-            stderr=stderr,
-        )
+        with self.launch(command, workspace=workspace, binds=binds, env=env, cgroup_procs=cgroup_procs) as (
+            argv,
+            fds,
+        ):
+            return await execute(
+                argv,
+                timeout_s=timeout_s,
+                output_cap=output_cap,
+                stdin=stdin,
+                env={},
+                pass_fds=fds,
+                stderr=stderr,
+                keep_tail=keep_tail,
+            )
 
-    def argv(
+    async def start(
+        self, command: Sequence[str], *, workspace: Path, output_cap: int, lifetime_s: float, cgroup_procs=()
+    ) -> Job:
+        """Start `command` in a sandbox over `workspace` in the background."""
+        with self.launch(command, workspace=workspace, cgroup_procs=cgroup_procs) as (argv, fds):
+            return await Job.start(argv, output_cap=output_cap, lifetime_s=lifetime_s, env={}, pass_fds=fds)
+
+    def options(
         self,
-        command: Sequence[str],
         *,
         workspace: Path,
         binds: Sequence[Bind] = (),
         env: Mapping[str, str] = {},
     ) -> list[str]:
+        """bubblewrap's options: the whole isolation policy."""
         args = [
-            bwrap_path(),
             "--unshare-all",
             "--unshare-user",
             *(["--disable-userns"] if self.disable_userns else []),
@@ -226,7 +264,8 @@ class Sandbox:
         for name in _ETC_SYNTHETIC:
             args += ["--ro-bind", str(self.etc_dir / name), f"/etc/{name}"]
         # The private /tmp first: an interpreter or venv that lives under the host's /tmp is bound on top.
-        args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+        tmp_size = ["--size", str(self.tmp_bytes)] if self.tmp_bytes and bwrap_supports("--size") else []
+        args += ["--proc", "/proc", "--dev", "/dev", *tmp_size, "--tmpfs", "/tmp"]
         for bind in self.ro_binds:
             args += ["--ro-bind", str(bind.source), bind.dest]
         args += ["--bind", str(workspace), WORKSPACE, "--chdir", WORKSPACE]
@@ -235,4 +274,4 @@ class Sandbox:
         args.append("--clearenv")
         for key, value in self.env(env).items():
             args += ["--setenv", key, value]
-        return [*args, "--", *command]
+        return args

@@ -107,6 +107,7 @@ class SessionManager:
             ro_binds=ro_binds,
             host_uid=host_uid,
             disable_userns=bwrap_supports("--disable-userns"),
+            tmp_bytes=s.disk_quota_bytes,
         )
         self.snapshots = SnapshotCache(
             self.root / "snapshots",

@@ -12,7 +12,7 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from crucible.contracts.sandbox import ToolResult
 
@@ -83,7 +83,7 @@ async def execute(
     cwd: str | None = None,
     env: Mapping[str, str] | None = None,
     keep_tail: bool = True,
-    preexec_fn: Callable[[], None] | None = None,
+    pass_fds: Sequence[int] = (),
     stderr: Capture | None = None,
 ) -> ToolResult:
     """Run `argv` and wait for it. With `stderr`, the command's stderr goes there instead of into the
@@ -98,7 +98,7 @@ async def execute(
             start_new_session=True,
             cwd=cwd,
             env=env,
-            preexec_fn=preexec_fn,
+            pass_fds=pass_fds,
         )
     except OSError as exc:
         return ToolResult(
@@ -161,7 +161,7 @@ class Job:
         output_cap: int,
         lifetime_s: float,
         env: Mapping[str, str],
-        preexec_fn: Callable[[], None] | None = None,
+        pass_fds: Sequence[int] = (),
     ) -> Job:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -170,7 +170,7 @@ class Job:
             stderr=asyncio.subprocess.STDOUT,
             start_new_session=True,
             env=env,
-            preexec_fn=preexec_fn,
+            pass_fds=pass_fds,
         )
         return cls(proc, Capture(output_cap), lifetime_s)
 

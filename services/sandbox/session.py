@@ -32,6 +32,7 @@ DIFF = (
 )
 _SIGNALS = {9: "kill", 24: "cpu", 25: "file_size"}
 EDIT_HISTORY = 10
+_OUT_OF_MEMORY = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 
 
 class Session:
@@ -60,6 +61,8 @@ class Session:
         self.deadline = time.monotonic() + ttl_s
         self.generation = 0
         """Bumped by everything that may change the workspace (search indexes key on it)."""
+        self.search_index: object | None = None
+        """codebase_search's index of this workspace, rebuilt when `generation` moves."""
         self.jobs: dict[str, Job] = {}
         self.edits: dict[str, list[bytes | None]] = {}
         """Per path, what the file held before each edit tool call (None: it did not exist)."""
@@ -100,12 +103,13 @@ class Session:
             stderr=stderr,
         )
         self.generation += 1
-        result.limit = self._limit_hit(result, before)
+        result.limit = self._limit_hit(result, before, stderr.text() if stderr else "")
         if result.limit and not result.timed_out:
-            result.error = f"{result.error}; stopped by the sandbox's {result.limit} limit"
+            stopped = f"stopped by the sandbox's {result.limit} limit"
+            result.error = f"{result.error}; {stopped}" if result.error else stopped
         return result
 
-    def _limit_hit(self, result: ToolResult, before) -> str | None:
+    def _limit_hit(self, result: ToolResult, before, stderr: str) -> str | None:
         if result.timed_out:
             return "timeout"
         code = result.exit_code
@@ -120,6 +124,8 @@ class Session:
         free = self.workspace.free_bytes()
         if code and free is not None and free < 64 * 1024:
             return "disk"
+        if code and any(sign in result.output[-2048:] + stderr[-2048:] for sign in _OUT_OF_MEMORY):
+            return "memory"  # one process at its address-space rlimit: it failed to allocate
         return None
 
     async def start_job(self, command: str) -> str:
@@ -130,12 +136,12 @@ class Session:
                 del self.jobs[job_id]
         if len(self.jobs) >= s.max_background_jobs:
             raise RequestError("busy", f"this session already runs {s.max_background_jobs} background jobs")
-        job = await Job.start(
-            self.sandbox.argv(["bash", "-lc", command], workspace=self.workspace.path),
+        job = await self.sandbox.start(
+            ["bash", "-lc", command],
+            workspace=self.workspace.path,
             output_cap=s.output_cap_bytes,
             lifetime_s=s.max_run_timeout_s,
-            env={},
-            preexec_fn=self.sandbox.preexec(self.cgroup.procs_files if self.cgroup else ()),
+            cgroup_procs=self.cgroup.procs_files if self.cgroup else (),
         )
         job_id = uuid.uuid4().hex[:8]
         self.jobs[job_id] = job

@@ -38,7 +38,8 @@ class Settings(CommonSettings):
     memory_bytes: int = Field(default=4 * 1024**3, ge=64 * 1024**2)
     """Memory of a session's processes together (cgroup), and address space of each one (rlimit)."""
     max_processes: int = Field(default=256, ge=8)
-    """Processes of one session at once (cgroup; the rlimit where there are no cgroups)."""
+    """Processes of one session at once (cgroup). Where there are no cgroups, the rlimit with this
+    value counts every process of the sandbox uid, all sessions together."""
     max_processes_per_uid: int = Field(default=8192, ge=64)
     """With cgroups: the rlimit on all processes of the sandbox uid, every session together."""
     cpus: float = Field(default=1.0, gt=0)
@@ -46,8 +47,9 @@ class Settings(CommonSettings):
     max_write_bytes: int = Field(default=1024**3, ge=1024**2)
     """Largest file a sandboxed process may write."""
     disk_quota_bytes: int = Field(default=1024**3, ge=1024**2)
-    """What one session may write in all: its upper layer, on a tmpfs of this size (when the service
-    may mount; otherwise only max_write_bytes per file applies)."""
+    """What one session may write in its workspace: its upper layer, on a tmpfs of this size (when the
+    service may mount; otherwise only max_write_bytes per file applies). Each command's private /tmp
+    is a tmpfs of this size too."""
     disk_quota_inodes: int = Field(default=200_000, ge=1024)
     cpu_seconds: int = Field(default=900, ge=1)
     open_files: int = Field(default=1024, ge=64)

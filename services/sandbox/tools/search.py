@@ -20,7 +20,6 @@ from typing import Annotated
 import msgspec
 
 from crucible.contracts.sandbox import ToolResult
-from services.sandbox.process import execute
 from services.sandbox.session import Session
 from services.sandbox.tools.registry import Args, ToolFailure, tool
 
@@ -99,13 +98,13 @@ async def grep(session: Session, args: GrepArgs) -> ToolResult:
     argv += [f"--glob=!{g}" for g in _globs(args.exclude)]
     argv += ["--", where]
     limit = min(args.max_matches or session.settings.grep_max_matches, session.settings.grep_max_matches)
-    result = await execute(
-        session.sandbox.argv(argv, workspace=session.workspace.path),
+    result = await session.sandbox.run(
+        argv,
+        workspace=session.workspace.path,
         timeout_s=GREP_TIMEOUT_S,
         output_cap=limit * LINE_BYTES,
         keep_tail=False,
-        env={},
-        preexec_fn=session.sandbox.preexec(session.cgroup.procs_files if session.cgroup else ()),
+        cgroup_procs=session.cgroup.procs_files if session.cgroup else (),
     )
     if result.timed_out:
         raise ToolFailure(f"grep timed out after {GREP_TIMEOUT_S:g}s")
@@ -263,15 +262,16 @@ def _chunks(session: Session) -> list[Chunk]:
 def _index(session: Session) -> CodeIndex:
     import bm25s
 
-    cached: CodeIndex | None = getattr(session, "_code_index", None)
-    if cached is not None and cached.generation == session.generation:
+    cached = session.search_index
+    jobs_running = any(job.running for job in session.jobs.values())  # they may change files any time
+    if isinstance(cached, CodeIndex) and cached.generation == session.generation and not jobs_running:
         return cached
     chunks = _chunks(session)
     retriever = bm25s.BM25()
     if chunks:
         retriever.index([tokenize(f"{c.path} {c.text}") or ["_"] for c in chunks], show_progress=False)
     index = CodeIndex(generation=session.generation, chunks=chunks, retriever=retriever)
-    session._code_index = index  # type: ignore[attr-defined]
+    session.search_index = index
     return index
 
 

@@ -536,6 +536,7 @@ async def test_a_memory_bomb_is_killed(client, snapshot, sandbox_settings):
     async with await create(client, snapshot) as box, await create(client, snapshot) as other:
         one = await box.run(["python3", "-c", "b = bytearray(4 << 30)"], timeout_s=30)
         assert not one.ok and "MemoryError" in one.output  # one process: its address-space limit
+        assert one.limit == "memory"
         if not cgroup_dirs(sandbox_settings.replica):
             pytest.skip("a limit on a session's processes together needs cgroups (the service runs as root)")
         assert (await box.tool("create_file", path="eat.py", content=EAT)).ok

@@ -140,7 +140,7 @@ def test_timeout_stops_the_command() -> None:
 def test_memory_limit_stops_a_large_allocation() -> None:
     out = run("--memory", "128", "--", "python", "-c", "x = ' ' * 2**30")
     assert out["exit_code"] not in (0, None)
-    assert "MemoryError" in out["stderr"]
+    assert "MemoryError" in out["stderr"] and out["limit"] == "memory"
 
 
 @needs_bwrap

@@ -127,3 +127,19 @@ async def test_read_only_paths_under_the_hosts_tmp_stay_visible(sandbox, tmp_pat
     finally:
         (tool_dir / "marker.txt").unlink()
         tool_dir.rmdir()
+
+
+async def test_private_tmp_is_size_limited(sandbox, tmp_path):
+    if not sandbox.tmp_bytes:
+        pytest.skip("this bubblewrap cannot size a tmpfs (--size needs 0.8)")
+    result = await run_in(sandbox, tmp_path / "ws", "df -B1 --output=size /tmp | tail -1")
+    assert result.ok and int(result.output) == sandbox.tmp_bytes
+
+
+async def test_bubblewraps_own_process_shows_no_host_path(sandbox, tmp_path):
+    result = await run_in(sandbox, tmp_path / "ws", "tr '\\0' ' ' </proc/1/cmdline; echo; wc -c </proc/1/environ")
+    cmdline, environ = result.output.splitlines()
+    words = cmdline.split()
+    assert words[1] == "--args" and words[2].isdigit() and words[3] == "--"
+    assert str(tmp_path) not in cmdline and "/workspace" not in words[:4]
+    assert environ == "0"

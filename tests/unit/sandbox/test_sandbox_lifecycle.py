@@ -176,6 +176,7 @@ async def test_the_memory_limit_stops_a_large_allocation(limited_manager, archiv
     session = await create(manager, archive_ref)
     alone = await call_tool(session, "run", {"command": "python -c 'b = bytearray(1 << 30); print(len(b))'"})
     assert not alone.ok and alone.exit_code != 0 and "MemoryError" in alone.output, alone
+    assert alone.limit == "memory"
     if manager.cgroups is None:
         pytest.skip("the session's memory together needs cgroups")
     # Each process stays under its own address-space limit; together they pass the session's memory.
