@@ -2,13 +2,13 @@
 
 Every command runs under bubblewrap with fresh user, pid, ipc, uts, mount and network namespaces
 (loopback only), no capabilities, no nested user namespaces, the system and this Python read-only, a
-private /tmp, and the workspace read-write at /workspace. When the service runs as root, the command
-runs as an unprivileged host uid (so the process-count limit binds), joins the session's cgroups (when
-the host lets us make them), and gets its rlimits, all set in the child before bubblewrap starts, so
-nothing inside can raise them. bubblewrap itself starts with an empty environment: its own process,
-pid 1 inside, shows nothing of the host's under /proc/1/environ. When bubblewrap's monitor dies, the
-kernel kills the whole pid namespace, so killing it kills every process the command started, including
-ones that daemonised.
+private /tmp of a fixed size, and the workspace read-write at /workspace. When the service runs as
+root, the command runs as an unprivileged host uid, joins the session's cgroups (when the host lets us
+make them), and gets its rlimits, all set before bubblewrap starts (see `launcher`), so nothing inside
+can raise them. bubblewrap itself starts with an empty environment and reads its options from a pipe:
+its own process, pid 1 inside, shows nothing of the host's under /proc/1/environ or /proc/1/cmdline.
+When bubblewrap's monitor dies, the kernel kills the whole pid namespace, so killing it kills every
+process the command started, including ones that daemonised.
 """
 
 from __future__ import annotations

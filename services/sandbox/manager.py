@@ -121,7 +121,7 @@ class SessionManager:
         await self.check()
         log.info(
             "sandbox isolation",
-            overlay_and_quota=self.privileged,
+            overlay_and_quota=self.privileged and s.overlay_workspaces,
             host_uid=host_uid,
             cgroups=("v2" if self.cgroups.v2 else "v1") if self.cgroups else None,
         )
@@ -233,7 +233,7 @@ class SessionManager:
         workspace = await Workspace.create(
             self.root / "sessions" / session_id,
             snap,
-            overlay=self.privileged,
+            overlay=self.privileged and s.overlay_workspaces,
             sandbox=self.sandbox,
             quota_bytes=s.disk_quota_bytes,
             quota_inodes=s.disk_quota_inodes,

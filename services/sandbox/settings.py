@@ -51,6 +51,8 @@ class Settings(CommonSettings):
     service may mount; otherwise only max_write_bytes per file applies). Each command's private /tmp
     is a tmpfs of this size too."""
     disk_quota_inodes: int = Field(default=200_000, ge=1024)
+    overlay_workspaces: bool = True
+    """Overlay workspaces with a quota where the service may mount; False: full copies everywhere."""
     cpu_seconds: int = Field(default=900, ge=1)
     open_files: int = Field(default=1024, ge=64)
     sandbox_uid: int = Field(default=61000, ge=1)

@@ -25,23 +25,10 @@ from services.sandbox.tools.registry import Args, ToolFailure, tool
 
 GREP_TIMEOUT_S = 30.0
 LINE_BYTES = 400
-RG = [
-    "rg",
-    "--no-config",
-    "--no-messages",
-    "--line-number",
-    "--no-heading",
-    "--with-filename",
-    "--color",
-    "never",
-    "--sort",
-    "path",
-    "--max-columns",
-    "300",
-    "--max-columns-preview",
-    "--max-filesize",
-    "4M",
-]
+RG = (
+    "rg --no-config --no-messages --line-number --no-heading --with-filename --color never --sort path "
+    "--max-columns 300 --max-columns-preview --max-filesize 4M"
+).split()
 SKIP_DIRS = frozenset({".git", "__pycache__", ".pytest_cache", "node_modules", ".venv", ".mypy_cache"})
 MAX_WALK_FILES = 20_000
 INDEX_FILE_BYTES = 512 * 1024
@@ -90,8 +77,7 @@ async def grep(session: Session, args: GrepArgs) -> ToolResult:
     kind = session.files.stat(where).st_mode
     if not (stat.S_ISDIR(kind) or stat.S_ISREG(kind)):
         raise ToolFailure(f"{args.path}: not a regular file or a directory")
-    argv = [*RG, "--fixed-strings" if args.fixed_strings else "--regexp=" + "", "--regexp", args.pattern]
-    argv = [a for a in argv if a != "--regexp="]
+    argv = [*RG, *(["--fixed-strings"] if args.fixed_strings else []), "--regexp", args.pattern]
     if not args.case_sensitive:
         argv.append("--ignore-case")
     argv += [f"--glob={g}" for g in _globs(args.include)]

@@ -137,7 +137,9 @@ async def test_private_tmp_is_size_limited(sandbox, tmp_path):
 
 
 async def test_bubblewraps_own_process_shows_no_host_path(sandbox, tmp_path):
-    result = await run_in(sandbox, tmp_path / "ws", "tr '\\0' ' ' </proc/1/cmdline; echo; wc -c </proc/1/environ")
+    result = await run_in(
+        sandbox, tmp_path / "ws", "tr '\\0' ' ' </proc/1/cmdline; echo; wc -c </proc/1/environ"
+    )
     cmdline, environ = result.output.splitlines()
     words = cmdline.split()
     assert words[1] == "--args" and words[2].isdigit() and words[3] == "--"

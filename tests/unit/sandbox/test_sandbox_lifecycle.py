@@ -202,3 +202,31 @@ async def test_the_process_limit_stops_a_fork_loop(limited_manager, archive_ref)
     if manager.cgroups is None:
         pytest.skip("naming the process limit needs cgroups")
     assert result.limit == "processes", result
+
+
+async def test_copied_workspaces_where_overlays_are_off(settings, archives, archive_ref):
+    """The path a service that may not mount takes: full copies, same tools, diff and fork."""
+
+    async def fetch(ref):
+        return archives[ref.sha256]
+
+    manager = SessionManager(settings=settings.model_copy(update={"overlay_workspaces": False}), fetch=fetch)
+    await manager.start()
+    try:
+        ref = archive_ref(make_tar({"calc/ops.py": "def add(a, b):\n    return a - b\n", "old.txt": "x\n"}))
+        session = await manager.create(run_id="r", task_id="t", snapshot=ref, ttl_s=60)
+        assert not session.workspace.overlay and not session.workspace.upper.exists()
+        assert (
+            await call_tool(session, "replace", {"path": "calc/ops.py", "old": "a - b", "new": "a + b"})
+        ).ok
+        assert (await session.sandboxed(["bash", "-c", "rm old.txt && echo new > new.txt"])).ok
+        diff = await session.diff()
+        assert "+    return a + b" in diff and "deleted file mode" in diff and "+new" in diff
+        (child,) = await manager.fork(session, count=1, ttl_s=60)
+        assert await child.diff() == diff
+        assert (await call_tool(child, "create_file", {"path": "only_child.txt", "content": "c"})).ok
+        assert "only_child" not in await session.diff()
+        roots = [session.workspace.root, child.workspace.root]
+    finally:
+        await manager.close()
+    assert not any(root.exists() for root in roots)
