@@ -25,10 +25,7 @@ from services.sandbox.tools.registry import Args, ToolFailure, tool
 
 GREP_TIMEOUT_S = 30.0
 LINE_BYTES = 400
-RG = (
-    "rg --no-config --no-messages --line-number --no-heading --with-filename --color never --sort path "
-    "--max-columns 300 --max-columns-preview --max-filesize 4M"
-).split()
+RG = ["rg", "--no-config", "--no-messages", "--line-number", "--no-heading", "--with-filename", "--color", "never", "--sort", "path", "--max-columns", "300", "--max-columns-preview", "--max-filesize", "4M"]
 SKIP_DIRS = frozenset({".git", "__pycache__", ".pytest_cache", "node_modules", ".venv", ".mypy_cache"})
 MAX_WALK_FILES = 20_000
 INDEX_FILE_BYTES = 512 * 1024
