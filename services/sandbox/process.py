@@ -9,6 +9,7 @@ command's start and its final error survive.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -18,6 +19,7 @@ from crucible.contracts.sandbox import ToolResult
 
 READ_CHUNK = 64 * 1024
 DRAIN_GRACE_S = 2.0
+KILL_WAIT_S = 5.0
 
 
 class Capture:
@@ -57,11 +59,39 @@ class Capture:
             self.feed(chunk)
 
 
-def _kill_group(proc: asyncio.subprocess.Process) -> None:
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
     try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                found += [int(child) for child in f.read().split()]
+    except OSError:
         pass
+    return found
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+async def _kill_tree(proc: asyncio.subprocess.Process) -> None:
+    """SIGKILL the process group and the process's children in their own sessions (bubblewrap's pid 1
+    inside), then wait until those are gone: a pid namespace's init exits only after the kernel has
+    killed everything else in it, so when this returns no process the command started is left."""
+    children = _children(proc.pid)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    for child in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
+    await proc.wait()
+    deadline = time.monotonic() + KILL_WAIT_S
+    while not all(_gone(child) for child in children) and time.monotonic() < deadline:
+        await asyncio.sleep(0.005)
 
 
 async def _feed_stdin(proc: asyncio.subprocess.Process, data: bytes) -> None:
@@ -121,8 +151,7 @@ async def execute(
         timed_out = True
     finally:
         if proc.returncode is None:
-            _kill_group(proc)
-            await proc.wait()
+            await _kill_tree(proc)
         try:
             await asyncio.wait_for(reader, DRAIN_GRACE_S)
         except TimeoutError:
@@ -179,7 +208,7 @@ class Job:
             await asyncio.wait_for(self.proc.wait(), lifetime_s)
         except TimeoutError:
             self.killed_at_lifetime = True
-            _kill_group(self.proc)
+            await _kill_tree(self.proc)
 
     @property
     def running(self) -> bool:
@@ -203,7 +232,7 @@ class Job:
 
     async def kill(self) -> None:
         if self.proc.returncode is None:
-            _kill_group(self.proc)
+            await _kill_tree(self.proc)
         await self.proc.wait()
         self._watchdog.cancel()
         try:

@@ -7,7 +7,6 @@ Every edit remembers what the file held before, so `undo_edit` can put it back.
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import io
 import os
@@ -71,7 +70,19 @@ class ReadFileArgs(Args):
     end_line: Line | None = None
 
 
-def _read_file(session: Session, args: ReadFileArgs) -> ToolResult:
+@tool(
+    name="read_file",
+    args=ReadFileArgs,
+    aliases=("cat", "open_file", "view"),
+    arg_aliases={
+        **PATH_ALIASES,
+        "start_line_one_indexed": "start_line",
+        "end_line_one_indexed_inclusive": "end_line",
+    },
+    description="Read a text file of the repository, optionally a range of lines (1-based, inclusive); "
+    "at most read_max_lines lines per call.",
+)
+def read_file(session: Session, args: ReadFileArgs) -> ToolResult:
     text = _read_text(session, args.path)
     lines = io.StringIO(text, newline="\n").readlines()
     count = len(lines)
@@ -91,27 +102,18 @@ def _read_file(session: Session, args: ReadFileArgs) -> ToolResult:
     return ToolResult(ok=True, output=output, truncated=shown < end)
 
 
-@tool(
-    name="read_file",
-    args=ReadFileArgs,
-    aliases=("cat", "open_file", "view"),
-    arg_aliases={
-        **PATH_ALIASES,
-        "start_line_one_indexed": "start_line",
-        "end_line_one_indexed_inclusive": "end_line",
-    },
-    description="Read a text file of the repository, optionally a range of lines (1-based, inclusive); "
-    "at most read_max_lines lines per call.",
-)
-async def read_file(session: Session, args: ReadFileArgs) -> ToolResult:
-    return await asyncio.to_thread(_read_file, session, args)
-
-
 class ListDirArgs(Args):
     path: str = "."
 
 
-def _list_dir(session: Session, args: ListDirArgs) -> ToolResult:
+@tool(
+    name="list_dir",
+    args=ListDirArgs,
+    aliases=("ls",),
+    arg_aliases={**PATH_ALIASES, "target_directory": "path", "dir": "path"},
+    description="List a directory of the repository: directories end with /, symlinks with @.",
+)
+def list_dir(session: Session, args: ListDirArgs) -> ToolResult:
     fd = session.files.open(args.path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with os.scandir(fd) as it:
@@ -131,37 +133,10 @@ def _list_dir(session: Session, args: ListDirArgs) -> ToolResult:
     return ToolResult(ok=True, output=output, truncated=len(names) > limit)
 
 
-@tool(
-    name="list_dir",
-    args=ListDirArgs,
-    aliases=("ls",),
-    arg_aliases={**PATH_ALIASES, "target_directory": "path", "dir": "path"},
-    description="List a directory of the repository: directories end with /, symlinks with @.",
-)
-async def list_dir(session: Session, args: ListDirArgs) -> ToolResult:
-    return await asyncio.to_thread(_list_dir, session, args)
-
-
 class ReplaceArgs(Args):
     path: str
     old: str
     new: str
-
-
-def _replace(session: Session, args: ReplaceArgs) -> ToolResult:
-    if not args.old:
-        raise ToolFailure("old must not be empty")
-    text = _read_text(session, args.path)
-    count = text.count(args.old)
-    if count != 1:
-        where = "not found" if count == 0 else f"found {count} times; include more context to make it unique"
-        raise ToolFailure(f"{args.path}: old string {where}")
-    at = text.index(args.old)
-    _write_text(session, args.path, text[:at] + args.new + text[at + len(args.old) :], create=False)
-    session.remember(_key(session, args.path), text.encode())
-    first = text.count("\n", 0, at) + 1
-    last = first + args.new.count("\n")
-    return ToolResult(ok=True, output=f"{args.path}: replaced; new text at lines {first}-{last}")
 
 
 @tool(
@@ -177,8 +152,20 @@ def _replace(session: Session, args: ReplaceArgs) -> ToolResult:
     },
     description="Replace the one occurrence of `old` in a file with `new`; `old` must occur exactly once.",
 )
-async def replace(session: Session, args: ReplaceArgs) -> ToolResult:
-    return await asyncio.to_thread(_replace, session, args)
+def replace(session: Session, args: ReplaceArgs) -> ToolResult:
+    if not args.old:
+        raise ToolFailure("old must not be empty")
+    text = _read_text(session, args.path)
+    count = text.count(args.old)
+    if count != 1:
+        where = "not found" if count == 0 else f"found {count} times; include more context to make it unique"
+        raise ToolFailure(f"{args.path}: old string {where}")
+    at = text.index(args.old)
+    _write_text(session, args.path, text[:at] + args.new + text[at + len(args.old) :], create=False)
+    session.remember(_key(session, args.path), text.encode())
+    first = text.count("\n", 0, at) + 1
+    last = first + args.new.count("\n")
+    return ToolResult(ok=True, output=f"{args.path}: replaced; new text at lines {first}-{last}")
 
 
 class InsertArgs(Args):
@@ -187,7 +174,14 @@ class InsertArgs(Args):
     text: str
 
 
-def _insert(session: Session, args: InsertArgs) -> ToolResult:
+@tool(
+    name="insert",
+    args=InsertArgs,
+    aliases=("insert_lines",),
+    arg_aliases={**PATH_ALIASES, "insert_line": "line", "new_str": "text", "content": "text"},
+    description="Insert text after line `line` of a file (0: at the top).",
+)
+def insert(session: Session, args: InsertArgs) -> ToolResult:
     text = _read_text(session, args.path)
     lines = io.StringIO(text, newline="\n").readlines()
     if args.line > len(lines):
@@ -203,31 +197,10 @@ def _insert(session: Session, args: InsertArgs) -> ToolResult:
     )
 
 
-@tool(
-    name="insert",
-    args=InsertArgs,
-    aliases=("insert_lines",),
-    arg_aliases={**PATH_ALIASES, "insert_line": "line", "new_str": "text", "content": "text"},
-    description="Insert text after line `line` of a file (0: at the top).",
-)
-async def insert(session: Session, args: InsertArgs) -> ToolResult:
-    return await asyncio.to_thread(_insert, session, args)
-
-
 class CreateFileArgs(Args):
     path: str
     content: str
     overwrite: bool = False
-
-
-def _create_file(session: Session, args: CreateFileArgs) -> ToolResult:
-    before = _previous(session, args.path)
-    if before is not None and not args.overwrite:
-        raise ToolFailure(f"{args.path}: already exists (pass overwrite=true to replace it)")
-    created = _write_text(session, args.path, args.content, create=True)
-    session.remember(_key(session, args.path), before)
-    verb = "created" if created else "overwritten"
-    return ToolResult(ok=True, output=f"{args.path}: {verb} ({len(args.content.encode())} bytes)")
 
 
 @tool(
@@ -237,15 +210,27 @@ def _create_file(session: Session, args: CreateFileArgs) -> ToolResult:
     arg_aliases={**PATH_ALIASES, "file_text": "content", "contents": "content"},
     description="Create a file with the given content (its folders too); an existing file only with overwrite.",
 )
-async def create_file(session: Session, args: CreateFileArgs) -> ToolResult:
-    return await asyncio.to_thread(_create_file, session, args)
+def create_file(session: Session, args: CreateFileArgs) -> ToolResult:
+    before = _previous(session, args.path)
+    if before is not None and not args.overwrite:
+        raise ToolFailure(f"{args.path}: already exists (pass overwrite=true to replace it)")
+    created = _write_text(session, args.path, args.content, create=True)
+    session.remember(_key(session, args.path), before)
+    verb = "created" if created else "overwritten"
+    return ToolResult(ok=True, output=f"{args.path}: {verb} ({len(args.content.encode())} bytes)")
 
 
 class UndoEditArgs(Args):
     path: str
 
 
-def _undo_edit(session: Session, args: UndoEditArgs) -> ToolResult:
+@tool(
+    name="undo_edit",
+    args=UndoEditArgs,
+    arg_aliases=PATH_ALIASES,
+    description="Undo the last edit tool call on a file (replace, insert, create_file, delete_file).",
+)
+def undo_edit(session: Session, args: UndoEditArgs) -> ToolResult:
     history = session.edits.get(_key(session, args.path))
     if not history:
         raise ToolFailure(f"{args.path}: no edit to undo")
@@ -258,21 +243,18 @@ def _undo_edit(session: Session, args: UndoEditArgs) -> ToolResult:
     return ToolResult(ok=True, output=f"{args.path}: last edit undone")
 
 
-@tool(
-    name="undo_edit",
-    args=UndoEditArgs,
-    arg_aliases=PATH_ALIASES,
-    description="Undo the last edit tool call on a file (replace, insert, create_file).",
-)
-async def undo_edit(session: Session, args: UndoEditArgs) -> ToolResult:
-    return await asyncio.to_thread(_undo_edit, session, args)
-
-
 class DeleteFileArgs(Args):
     path: str
 
 
-def _delete_file(session: Session, args: DeleteFileArgs) -> ToolResult:
+@tool(
+    name="delete_file",
+    args=DeleteFileArgs,
+    aliases=("rm", "delete"),
+    arg_aliases=PATH_ALIASES,
+    description="Delete a file (not a directory); undo_edit brings it back.",
+)
+def delete_file(session: Session, args: DeleteFileArgs) -> ToolResult:
     try:
         before = _previous(session, args.path)
     except PathRefused:
@@ -288,17 +270,6 @@ def _delete_file(session: Session, args: DeleteFileArgs) -> ToolResult:
     session.files.unlink(args.path)
     session.remember(key, before)
     return ToolResult(ok=True, output=f"{args.path}: deleted")
-
-
-@tool(
-    name="delete_file",
-    args=DeleteFileArgs,
-    aliases=("rm", "delete"),
-    arg_aliases=PATH_ALIASES,
-    description="Delete a file (not a directory); undo_edit brings it back.",
-)
-async def delete_file(session: Session, args: DeleteFileArgs) -> ToolResult:
-    return await asyncio.to_thread(_delete_file, session, args)
 
 
 class EditorArgs(Args):
@@ -322,25 +293,26 @@ def _need(value: object, name: str, command: str) -> object:
     args=EditorArgs,
     description="SWE-agent's editor: command view | create | str_replace | insert | undo_edit on path.",
 )
-async def str_replace_editor(session: Session, args: EditorArgs) -> ToolResult:
+def str_replace_editor(session: Session, args: EditorArgs) -> ToolResult:
     path = args.path
     if args.command == "view":
         if session.files.exists(path) and stat.S_ISDIR(session.files.stat(path).st_mode):
-            return await list_dir(session, ListDirArgs(path=path))
-        start, end = (args.view_range or [1, -1]) + [None] * (2 - len(args.view_range or [1, -1]))
-        if start is None or start < 1:
+            return list_dir(session, ListDirArgs(path=path))
+        window = args.view_range or [1, -1]
+        if not 1 <= len(window) <= 2 or window[0] < 1:
             raise ToolFailure("view_range is [start, end] with start >= 1 (end -1: to the end)")
-        return await read_file(
-            session, ReadFileArgs(path=path, start_line=start, end_line=None if not end or end < 0 else end)
+        start, end = window[0], window[1] if len(window) == 2 else -1
+        return read_file(
+            session, ReadFileArgs(path=path, start_line=start, end_line=None if end < 1 else end)
         )
     if args.command == "create":
         text = _need(args.file_text, "file_text", "create")
-        return await create_file(session, CreateFileArgs(path=path, content=str(text)))
+        return create_file(session, CreateFileArgs(path=path, content=str(text)))
     if args.command == "str_replace":
         old = _need(args.old_str, "old_str", "str_replace")
-        return await replace(session, ReplaceArgs(path=path, old=str(old), new=args.new_str or ""))
+        return replace(session, ReplaceArgs(path=path, old=str(old), new=args.new_str or ""))
     if args.command == "insert":
         line = _need(args.insert_line, "insert_line", "insert")
         text = _need(args.new_str, "new_str", "insert")
-        return await insert(session, InsertArgs(path=path, line=int(line), text=str(text)))  # type: ignore[call-overload]
-    return await undo_edit(session, UndoEditArgs(path=path))
+        return insert(session, InsertArgs(path=path, line=int(line), text=str(text)))  # type: ignore[call-overload]
+    return undo_edit(session, UndoEditArgs(path=path))

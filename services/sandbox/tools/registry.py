@@ -1,4 +1,5 @@
-"""The tool registry: each tool has a name, aliases, an argument struct (its schema) and an async impl.
+"""The tool registry: each tool has a name, aliases, an argument struct (its schema) and an impl:
+a coroutine function, or a plain function (file work on the host), which runs in a worker thread.
 
 `call_tool` is the one entry point: it finds the tool, validates the arguments against the struct and
 turns every failure into a `ToolResult` with ok=False, so a bad call never raises through the service.
@@ -6,6 +7,8 @@ turns every failure into a `ToolResult` with ok=False, so a bad call never raise
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -29,7 +32,7 @@ class Args(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     """Base of every tool's arguments."""
 
 
-Impl = Callable[["Session", Any], Awaitable[ToolResult]]
+Impl = Callable[["Session", Any], Awaitable[ToolResult] | ToolResult]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,7 +115,10 @@ async def call_tool(session: Session, name: str, arguments: dict[str, Any]) -> T
     except msgspec.ValidationError as exc:
         return failure(f"bad arguments for {entry.name}: {exc}", started=started)
     try:
-        result = await entry.impl(session, args)
+        if inspect.iscoroutinefunction(entry.impl):
+            result = await entry.impl(session, args)
+        else:
+            result = await asyncio.to_thread(entry.impl, session, args)
     except (ToolFailure, PathRefused) as exc:
         return failure(str(exc), started=started)
     except FileNotFoundError as exc:

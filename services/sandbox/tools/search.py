@@ -8,7 +8,6 @@ run on the host and open each folder from its parent's descriptor, never through
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import os
 import re
@@ -25,7 +24,23 @@ from services.sandbox.tools.registry import Args, ToolFailure, tool
 
 GREP_TIMEOUT_S = 30.0
 LINE_BYTES = 400
-RG = ["rg", "--no-config", "--no-messages", "--line-number", "--no-heading", "--with-filename", "--color", "never", "--sort", "path", "--max-columns", "300", "--max-columns-preview", "--max-filesize", "4M"]
+RG = [
+    "rg",
+    "--no-config",
+    "--no-messages",
+    "--line-number",
+    "--no-heading",
+    "--with-filename",
+    "--color",
+    "never",
+    "--sort",
+    "path",
+    "--max-columns",
+    "300",
+    "--max-columns-preview",
+    "--max-filesize",
+    "4M",
+]
 SKIP_DIRS = frozenset({".git", "__pycache__", ".pytest_cache", "node_modules", ".venv", ".mypy_cache"})
 MAX_WALK_FILES = 20_000
 INDEX_FILE_BYTES = 512 * 1024
@@ -158,7 +173,14 @@ class FileSearchArgs(Args):
     max_results: Positive = 10
 
 
-def _file_search(session: Session, args: FileSearchArgs) -> ToolResult:
+@tool(
+    name="file_search",
+    args=FileSearchArgs,
+    aliases=("find_file", "find_files"),
+    arg_aliases={"file_name": "query", "name": "query", "pattern": "query"},
+    description="Find files by a fuzzy match of their path (e.g. 'test utils'); best matches first.",
+)
+def file_search(session: Session, args: FileSearchArgs) -> ToolResult:
     from rapidfuzz import fuzz, process
 
     if not args.query.strip():
@@ -181,17 +203,6 @@ def _file_search(session: Session, args: FileSearchArgs) -> ToolResult:
 
     ranked = sorted(found, key=rank)[:limit]
     return ToolResult(ok=True, output="\n".join(path for path, _, _ in ranked))
-
-
-@tool(
-    name="file_search",
-    args=FileSearchArgs,
-    aliases=("find_file", "find_files"),
-    arg_aliases={"file_name": "query", "name": "query", "pattern": "query"},
-    description="Find files by a fuzzy match of their path (e.g. 'test utils'); best matches first.",
-)
-async def file_search(session: Session, args: FileSearchArgs) -> ToolResult:
-    return await asyncio.to_thread(_file_search, session, args)
 
 
 @dataclass(frozen=True)
@@ -275,7 +286,15 @@ class CodebaseSearchArgs(Args):
     rerank: bool = False
 
 
-def _codebase_search(session: Session, args: CodebaseSearchArgs) -> ToolResult:
+@tool(
+    name="codebase_search",
+    args=CodebaseSearchArgs,
+    aliases=("semantic_search",),
+    arg_aliases={"target_directory": "path", "max_results": "top_k"},
+    description="Find the code most relevant to a natural-language query (BM25 over code chunks; "
+    "rerank=true re-orders the best ones by a sentence embedding). Prints path:lines and the chunk.",
+)
+def codebase_search(session: Session, args: CodebaseSearchArgs) -> ToolResult:
     if not args.query.strip():
         raise ToolFailure("query must not be empty")
     scope = session.files.real(args.path)
@@ -309,15 +328,3 @@ def _codebase_search(session: Session, args: CodebaseSearchArgs) -> ToolResult:
         c = index.chunks[i]
         shown.append(f"{c.path}:{c.first}-{c.last}\n{c.text}")
     return ToolResult(ok=True, output="\n\n".join(shown) if shown else "no results")
-
-
-@tool(
-    name="codebase_search",
-    args=CodebaseSearchArgs,
-    aliases=("semantic_search",),
-    arg_aliases={"target_directory": "path", "max_results": "top_k"},
-    description="Find the code most relevant to a natural-language query (BM25 over code chunks; "
-    "rerank=true re-orders the best ones by a sentence embedding). Prints path:lines and the chunk.",
-)
-async def codebase_search(session: Session, args: CodebaseSearchArgs) -> ToolResult:
-    return await asyncio.to_thread(_codebase_search, session, args)
