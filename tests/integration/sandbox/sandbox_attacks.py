@@ -4,9 +4,7 @@ what the host looks like (processes, mounts, folders, cgroups) before and after.
 from __future__ import annotations
 
 import asyncio
-import io
 import os
-import tarfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,16 +35,6 @@ while True:
     libc.renameat2(-100, a, -100, b, 2)  # RENAME_EXCHANGE: the two names trade places atomically
 """
 """Swap a folder and a symlink for ever, so a host-side walk meets the link where it saw a folder."""
-
-
-def tar_gz(files: dict[str, str]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, text in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(text.encode())
-            tar.addfile(info, io.BytesIO(text.encode()))
-    return buf.getvalue()
 
 
 def refused(error: str | None) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from sandbox_archives_integration import tar_gz
 from sandbox_attacks import (
     REPO,
     SWAP_FOREVER,
@@ -30,7 +31,6 @@ from sandbox_attacks import (
     service_ports,
     service_processes,
     session_traces,
-    tar_gz,
     uids,
     with_marker,
 )

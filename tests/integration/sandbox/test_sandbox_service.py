@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import io
-import tarfile
 
 import pytest
+from sandbox_archives_integration import tar_gz
 
 from crucible.bus import RemoteError
 from crucible.clients.sandbox import SandboxClient, SandboxSession
@@ -22,16 +21,6 @@ REPO = {
 HIDDEN = {
     "tests/test_hidden.py": "from calc.ops import add\n\n\ndef test_zero():\n    assert add(0, 0) == 0\n"
 }
-
-
-def tar_gz(files: dict[str, str]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, text in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(text.encode())
-            tar.addfile(info, io.BytesIO(text.encode()))
-    return buf.getvalue()
 
 
 @pytest.fixture
