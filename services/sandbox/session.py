@@ -19,7 +19,7 @@ from crucible.contracts.sandbox import ToolResult
 from services.sandbox.archive import BadArchive, check_archive
 from services.sandbox.beneath import Root
 from services.sandbox.bwrap import Bind, Sandbox
-from services.sandbox.cgroups import Cgroup
+from services.sandbox.cgroups import Cgroup, Counters
 from services.sandbox.process import Capture, Job
 from services.sandbox.settings import Settings
 from services.sandbox.workspace import GIT_PREPARE, UNTAR, Workspace, git_env
@@ -30,7 +30,7 @@ DIFF = (
     f"{GIT_PREPARE}; git add -A >/tmp/git.log 2>&1 || {{ cat /tmp/git.log; exit 97; }}; "
     "git diff --cached --binary HEAD 2>/tmp/git.log || { cat /tmp/git.log; exit 98; }"
 )
-_SIGNALS = {9: "kill", 24: "cpu", 25: "file_size"}
+_SIGNALS = {24: "cpu", 25: "file_size"}  # SIGXCPU, SIGXFSZ: the CPU-time and file-size rlimits
 EDIT_HISTORY = 10
 _OUT_OF_MEMORY = ("MemoryError", "Cannot allocate memory", "std::bad_alloc", "out of memory")
 
@@ -109,7 +109,7 @@ class Session:
             result.error = f"{result.error}; {stopped}" if result.error else stopped
         return result
 
-    def _limit_hit(self, result: ToolResult, before, stderr: str) -> str | None:
+    def _limit_hit(self, result: ToolResult, before: Counters | None, stderr: str) -> str | None:
         if result.timed_out:
             return "timeout"
         code = result.exit_code
@@ -117,7 +117,7 @@ class Session:
         after = self.cgroup.counters() if self.cgroup else None
         if after and before and after.oom_kills > before.oom_kills:
             return "memory"
-        if signal in (24, 25):
+        if signal in _SIGNALS:
             return _SIGNALS[signal]
         if code and after and before and after.pids_refused > before.pids_refused:
             return "processes"
