@@ -9,6 +9,7 @@ and the service keeps serving.
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import redis.asyncio as aioredis
@@ -26,6 +27,7 @@ class Leases:
         self.redis = client
         self.replica = replica
         self._renewed: dict[str, float] = {}
+        self._renewing: set[asyncio.Future] = set()
 
     async def heartbeat(self, ttl_s: float) -> None:
         await self.redis.set(coordination.sandbox_replica_key(self.replica), "1", px=int(ttl_s * 1000))
@@ -40,12 +42,22 @@ class Leases:
             await pipe.execute()
         self._renewed[session_id] = time.monotonic()
 
-    async def renew(self, session_id: str, ttl_s: float) -> None:
-        """Extend the lease; at most once per tenth of its TTL, so busy sessions cost Redis little."""
+    def renew(self, session_id: str, ttl_s: float) -> None:
+        """Extend the lease in the background, at most once per tenth of its TTL: a call on the session
+        neither waits for Redis nor, when it is busy, costs Redis anything."""
         if time.monotonic() - self._renewed.get(session_id, 0.0) < ttl_s / 10:
             return
         self._renewed[session_id] = time.monotonic()
-        await self.redis.pexpire(coordination.sandbox_lease_key(session_id), int(ttl_s * 1000))
+        task = asyncio.ensure_future(
+            self.redis.pexpire(coordination.sandbox_lease_key(session_id), int(ttl_s * 1000))
+        )
+        self._renewing.add(task)
+        task.add_done_callback(self._renewal_done)
+
+    def _renewal_done(self, task: asyncio.Future) -> None:
+        self._renewing.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("cannot renew a lease (Redis unreachable)", error=str(task.exception()))
 
     async def lapsed(self, session_ids: list[str]) -> list[str]:
         if not session_ids:

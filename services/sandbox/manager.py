@@ -281,8 +281,7 @@ class SessionManager:
                 "unknown_session", f"no session {session_id!r} on this replica (destroyed or expired?)"
             )
         if self.leases is not None:
-            task = asyncio.ensure_future(self.leases.renew(session_id, session.ttl_s))
-            task.add_done_callback(_ignore_redis_errors)
+            self.leases.renew(session_id, session.ttl_s)
         return session
 
     async def _dispose(self, session: Session) -> None:
@@ -339,8 +338,3 @@ class SessionManager:
 
 async def _never() -> bytes:
     raise BadArchive("the parent's snapshot is no longer cached")
-
-
-def _ignore_redis_errors(task: asyncio.Future) -> None:
-    if not task.cancelled() and task.exception() is not None:
-        log.warning("cannot renew a lease (Redis unreachable)", error=str(task.exception()))

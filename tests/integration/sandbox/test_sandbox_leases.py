@@ -113,3 +113,29 @@ async def test_a_dead_replicas_leftovers_are_swept_by_a_live_one(replica_manager
     await redis_client.delete(coordination.sandbox_replica_key(dead_name))
     assert await live.sweep_dead_replicas() == [dead_name]
     assert leftovers(sandbox_root, dead_name) == {"mounts": [], "folder": False, "cgroups": []}
+
+
+async def test_calls_renew_the_lease_without_waiting_for_redis(replica_manager, redis_client):
+    manager = await replica_manager(f"renew-{uuid.uuid4().hex[:6]}")
+    session = await manager.create(run_id="r", task_id="t", snapshot=REF, ttl_s=2)
+    key = coordination.sandbox_lease_key(session.id)
+    await asyncio.sleep(0.6)
+    assert await redis_client.pttl(key) <= 1500
+    manager.get(session.id)  # a call on the session: more than a tenth of the TTL since the last renewal
+    assert await _eventually(lambda: redis_client.pttl(key), lambda ttl: ttl > 1800)
+    await asyncio.sleep(0.1)
+    manager.get(session.id)  # again at once: throttled, the lease is not extended
+    await asyncio.sleep(0.1)
+    assert await redis_client.pttl(key) <= 1850
+    await asyncio.sleep(2.2)
+    assert await manager.reap() == 1  # no call since: it lapses and is reaped
+    assert manager.sessions == {}
+
+
+async def _eventually(read, ok, *, timeout_s: float = 5.0) -> bool:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        if ok(await read()):
+            return True
+        await asyncio.sleep(0.02)
+    return False
