@@ -159,26 +159,17 @@ async def test_steps_metrics_checkpoints_and_status(
             note="text is not a series",
             trajectory_ids=[],
         )
-    await event(
-        sessionmaker,
-        run_id,
-        "checkpoint",
-        version=1,
-        step=2,
-        manifest_uri="s3://crucible/m1.json",
-        num_tensors=12,
-        size_bytes=3 * 2**31,
-    )
-    await event(
-        sessionmaker,
-        run_id,
-        "checkpoint",
-        version=1,
-        step=2,
-        manifest_uri="s3://crucible/m1.json",
-        num_tensors=12,
-        size_bytes=3 * 2**31,
-    )
+    for _ in range(2):  # the same checkpoint announced twice is recorded once
+        await event(
+            sessionmaker,
+            run_id,
+            "checkpoint",
+            version=1,
+            step=2,
+            manifest_uri="s3://crucible/m1.json",
+            num_tensors=12,
+            size_bytes=3 * 2**31,
+        )
     await event(sessionmaker, run_id, "run.status", status="finished")
     await event(sessionmaker, run_id, "run.status", status="running")  # a late duplicate must not reopen it
 

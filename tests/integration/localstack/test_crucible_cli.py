@@ -13,20 +13,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+from cli_runner import crucible
 
 pytestmark = pytest.mark.integration
-
-
-def crucible(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-    return subprocess.run(
-        [sys.executable, "-c", "from crucible.cli.main import app; app()", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-    )
 
 
 def processes_under(directory: Path) -> list[int]:

@@ -3,6 +3,7 @@ directory never written to, clear usage errors, and nothing left behind (also af
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from cli_runner import crucible as crucible_command
 
 from crucible.contracts.sandbox import ToolResult
 
@@ -24,17 +26,7 @@ needs_bwrap = pytest.mark.skipif(shutil.which("bwrap") is None, reason="bubblewr
 ROOTS = "crucible-sandbox-cli-*"
 
 
-def crucible(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from crucible.cli.main import app; app()", *args],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "COLUMNS": "200", "NO_COLOR": "1", **(env or {})},
-    )
+crucible = functools.partial(crucible_command, timeout=120)  # a sandbox run may import the whole service
 
 
 def roots() -> set[Path]:
