@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import os
-import select
 import shlex
 import shutil
 import subprocess
@@ -29,6 +28,8 @@ from crucible.contracts.sandbox import ToolResult
 from services.sandbox.process import Capture, Job, execute
 
 WORKSPACE = "/workspace"
+OPTIONS_MAX_BYTES = 60 * 1024
+"""bubblewrap's options are written whole into a pipe before it starts: below a pipe's 64 KiB."""
 UID = 1000
 GID = 1000
 SYSTEM_DIRS = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -185,7 +186,7 @@ class Sandbox:
         options = b"".join(
             os.fsencode(o) + b"\0" for o in self.options(workspace=workspace, binds=binds, env=env)
         )
-        if len(options) >= select.PIPE_BUF * 8:
+        if len(options) > OPTIONS_MAX_BYTES:
             raise ValueError(f"bubblewrap options of {len(options)} bytes do not fit a pipe")
         read, write = os.pipe()
         try:

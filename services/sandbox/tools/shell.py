@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import tempfile
-import uuid
 from pathlib import Path
 from typing import Annotated
 
@@ -21,7 +20,8 @@ from services.sandbox.session import Session
 from services.sandbox.tools.registry import Args, ToolFailure, tool
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
-REPORT_DIR = "/crucible/report"
+REPORT_DIR = "/crucible/report"  # a fresh folder per run, bound only for that run
+REPORT = "results.jsonl"
 PYTEST = ["python", "/crucible/plugins/crucible_pytest_report.py", "-p", "no:cacheprovider"]
 REPORT_CAP_BYTES = 8 * 1024 * 1024
 FAILED = ("failed", "error")
@@ -113,14 +113,13 @@ async def run_tests(session: Session, args: RunTestsArgs) -> ToolResult:
     try:
         if session.sandbox.owner is not None:
             os.chown(report_dir, *session.sandbox.owner)
-        report = f"{REPORT_DIR}/{uuid.uuid4().hex}.jsonl"
-        argv = [*PYTEST, f"--crucible-report={report}", *args.pytest_args, "--", *args.node_ids]
+        argv = [*PYTEST, f"--crucible-report={REPORT_DIR}/{REPORT}", *args.pytest_args, "--", *args.node_ids]
         result = await session.sandboxed(
             argv,
             timeout_s=timeout,
             binds=[Bind(source=report_dir, dest=REPORT_DIR, writable=True)],
         )
-        written = report_dir / Path(report).name
+        written = report_dir / REPORT
         if written.is_file() and not written.is_symlink() and written.stat().st_size <= REPORT_CAP_BYTES:
             result.tests = _parse_report(written.read_text(errors="replace"))
     finally:
