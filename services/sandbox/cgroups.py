@@ -168,7 +168,7 @@ class Cgroups:
         """Remove the cgroups an earlier run of `replica` left, and its parents."""
         where = cls.locate(replica)
         if where is not None:
-            cls(parents=where[0], v2=where[1], memory_bytes=0, max_processes=0, cpus=0).close()
+            _remove_all(*where)
 
     def create(self, session_id: str) -> Cgroup:
         """A cgroup for one session, with its limits written; OSError if the host refuses."""
@@ -192,10 +192,14 @@ class Cgroups:
 
     def close(self) -> None:
         """Remove every session cgroup (killing what is left in them) and the parents."""
-        for parent in set(self.parents.values()):
-            for child in parent.iterdir() if parent.exists() else []:
-                if child.is_dir():
-                    Cgroup(dirs={c: self.parents[c] / child.name for c in CONTROLLERS}, v2=self.v2).remove()
-        for d in set(self.parents.values()):
-            with contextlib.suppress(OSError):
-                d.rmdir()
+        _remove_all(self.parents, self.v2)
+
+
+def _remove_all(parents: dict[str, Path], v2: bool) -> None:
+    for parent in set(parents.values()):
+        for child in parent.iterdir() if parent.exists() else []:
+            if child.is_dir():
+                Cgroup(dirs={c: parents[c] / child.name for c in CONTROLLERS}, v2=v2).remove()
+    for d in set(parents.values()):
+        with contextlib.suppress(OSError):
+            d.rmdir()
