@@ -389,4 +389,8 @@ class Bus:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-        return await self.nc.subscribe(subject, queue=queue or "", cb=on_msg)
+        sub = await self.nc.subscribe(subject, queue=queue or "", cb=on_msg)
+        # The server must know the subscription before the caller announces itself ready; otherwise a
+        # request sent right after "ready" can race the SUB and get "no responders".
+        await self.nc.flush()
+        return sub

@@ -166,3 +166,20 @@ async def test_a_message_never_acked_is_dead_lettered_not_dropped(bus):
     assert attempts == [1, 2]
     letter = await bus.latest(subjects.DEAD_LETTER, subjects.dead_letter(subjects.EVENTS), DeadLetter)
     assert letter is not None and "delivered 3 times without being acknowledged" in letter.reason
+
+
+async def test_a_request_sent_from_another_connection_right_after_serve_returns_is_answered(bus, common_settings):
+    # A service says "ready" as soon as `serve` returns; a client on its own connection may ask at once.
+    client = await Bus.connect(common_settings(), store=bus.store, name="client")
+    try:
+
+        async def handler(request: SampleRequest) -> SampleReply:
+            return SampleReply(tasks=[])
+
+        for i in range(50):
+            subject = f"{subjects.CATALOG_SAMPLE}.fresh{i}"
+            await bus.serve(subject, handler, SampleRequest)
+            reply = await client.request(subject, SampleRequest(run_id="r", taskset="t"), SampleReply, timeout=2)
+            assert reply == SampleReply(tasks=[])
+    finally:
+        await client.close()
