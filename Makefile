@@ -1,6 +1,6 @@
 # Crucible developer entry points. Every target creates or reuses the virtual environment in .venv;
 # the test fixtures start NATS, S3 and Redis themselves when none answer on their usual ports.
-#   make test                     the whole suite (PYTEST_ARGS="-m 'not slow'" narrows it)
+#   make test                     lint (ruff), then the whole suite (PYTEST_ARGS="-m 'not slow'" narrows it)
 #   make demo                     every service locally plus a short training run
 #   make up                       the local stack in the foreground until Ctrl-C
 
@@ -39,6 +39,7 @@ system-packages:
 	fi
 
 test: venv system-packages
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: venv system-packages

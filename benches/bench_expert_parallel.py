@@ -18,11 +18,11 @@ import time
 
 import torch
 import torch.distributed as dist
+
 from crucible.model import ModelConfig, build_model
 from crucible.parallel.expert import all_to_all_rows, apply_expert_parallel
 from crucible.parallel.launch import run_local
 from crucible.parallel.mesh import ParallelConfig, build_mesh
-
 
 WIDTHS = (5, 11, 8, 12, 12, 17)
 

@@ -15,9 +15,9 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from timing import alternate
 
 from crucible.model import PRESETS, ModelConfig, build_model
-from timing import alternate
 
 DECODE_PREFILL, DECODE_TOKENS = 16, 50
 

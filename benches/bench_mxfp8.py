@@ -15,10 +15,10 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from timing import alternate
 
 from crucible.model import PRESETS, build_model
 from crucible.model.matmul import grouped_linear, linear
-from timing import alternate
 
 
 def model_step(preset: str, precision: str, tokens: torch.Tensor) -> Callable[[], None]:

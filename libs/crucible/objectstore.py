@@ -18,7 +18,6 @@ from minio.error import S3Error
 from crucible.contracts.messages import ObjectRef
 from crucible.settings import CommonSettings
 
-
 # S3 error codes that mean "no such object" (servers differ between get and stat).
 _MISSING = frozenset({"NoSuchKey", "NoSuchObject", "NoSuchBucket", "NotFound"})
 

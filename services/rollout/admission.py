@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from crucible.coordination import DAY_S, admitted_key, finished_key
 from crucible.contracts.messages import RunConfig
+from crucible.coordination import DAY_S, admitted_key, finished_key
 from crucible.rl.staleness import admission_limit
 
 # Atomically take the next group index if it is below the limit.

@@ -8,6 +8,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
 from crucible.model import ModelConfig, Transformer, build_model
 from crucible.parallel.data import full_grads, full_state_dict
 from crucible.parallel.mesh import ParallelConfig, build_mesh

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from crucible.parallel.mesh import ParallelConfig, build_mesh
 
 

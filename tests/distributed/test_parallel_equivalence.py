@@ -11,6 +11,7 @@ from __future__ import annotations
 import parallel_cases as cases
 import pytest
 import torch
+
 from crucible.parallel.launch import run_local
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import parallel_cases as cases
 import pytest
 import torch.distributed as dist
+
 from crucible.parallel.launch import run_local, run_ray
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]

@@ -7,7 +7,7 @@ from typing import TypeVar
 import msgspec
 
 from crucible.contracts import subjects
-from crucible.contracts.messages import *
+from crucible.contracts.messages import *  # noqa: F403  (the contracts package re-exports every message)
 from crucible.contracts.messages import Message
 
 M = TypeVar("M", bound=Message)

@@ -10,7 +10,7 @@ from crucible.model.mxfp8 import quantize_mxfp8
 
 mx_tensor = pytest.importorskip("torchao.prototype.mx_formats.mx_tensor")
 grouped = pytest.importorskip("torchao.prototype.moe_training.mxfp8_grouped_mm")
-from torchao.prototype.mx_formats.config import KernelPreference
+from torchao.prototype.mx_formats.config import KernelPreference  # noqa: E402  (after the skips above)
 
 
 def _torchao(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
