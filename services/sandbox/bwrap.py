@@ -1,7 +1,8 @@
 """The isolation policy: how one command is started inside a session's sandbox.
 
 Every command runs under bubblewrap with fresh user, pid, ipc, uts, mount and network namespaces
-(loopback only), no capabilities, no nested user namespaces, the system and this Python read-only, a
+(loopback only; or the session's own loopback network once it runs a background job, see `network`),
+no capabilities, no nested user namespaces, the system and this Python read-only, a
 private /tmp of a fixed size, and the workspace read-write at /workspace. When the service runs as
 root, the command runs as an unprivileged host uid, joins the session's cgroups (when the host lets us
 make them), and gets its rlimits, all set before bubblewrap starts (see `launcher`), so nothing inside
@@ -130,9 +131,11 @@ class Sandbox:
     host_uid: int | None = None
     """The unprivileged host uid (and gid) commands run as; None keeps the service's own."""
     disable_userns: bool = True
+    """Forbid new user namespaces inside (bubblewrap 0.8+)."""
     tmp_bytes: int | None = None
     """Size of each command's private /tmp (a tmpfs; bubblewrap 0.8+), None: the kernel's default."""
-    """Forbid new user namespaces inside (bubblewrap 0.8+)."""
+    shared_network: bool = False
+    """Whether a session's commands may share one loopback network (see `network`; needs root)."""
 
     @property
     def owner(self) -> tuple[int, int] | None:
@@ -156,15 +159,19 @@ class Sandbox:
             **extra,
         }
 
-    def launcher(self, cgroup_procs: Sequence[str] = ()) -> list[str]:
+    def launcher(self, cgroup_procs: Sequence[str] = (), netns: int | None = None) -> list[str]:
         """What runs before bubblewrap, each exec'ing the next: a shell that joins the session's cgroups
-        (as the service), prlimit (the rlimits), setpriv (the unprivileged host uid). Separate programs
-        rather than a preexec function, so that Python can spawn with vfork: a fork of a large service
-        process costs milliseconds per command."""
+        (as the service), nsenter (the session's network, when it has one), prlimit (the rlimits),
+        setpriv (the unprivileged host uid). Separate programs rather than a preexec function, so that
+        Python can spawn with vfork: a fork of a large service process costs milliseconds per command."""
         prefix: list[str] = []
         if cgroup_procs:
             joins = " && ".join(f"echo $$ > {shlex.quote(path)}" for path in cgroup_procs)
             prefix += [_tool("sh"), "-c", f'{joins} && unset PWD && exec "$@"', "sh"]  # PWD: the host's
+        if netns is not None:
+            # Opened through the service's own fd table: the descriptor is not passed down, so nothing
+            # in the sandbox inherits it.
+            prefix += [_tool("nsenter"), f"--net=/proc/{os.getpid()}/fd/{netns}", "--"]
         prefix += [_tool("prlimit"), *self.limits.prlimit_options(), "--"]
         if self.host_uid is not None:
             uid = str(self.host_uid)
@@ -180,11 +187,14 @@ class Sandbox:
         binds: Sequence[Bind] = (),
         env: Mapping[str, str] = {},
         cgroup_procs: Sequence[str] = (),
+        netns: int | None = None,
     ) -> Iterator[tuple[list[str], tuple[int, ...]]]:
         """The argv that runs `command` in a sandbox, and the fd to pass it: bubblewrap reads its
-        options from a pipe (--args), so its own command line, pid 1's inside, shows no host path."""
+        options from a pipe (--args), so its own command line, pid 1's inside, shows no host path;
+        `netns` is a network namespace to run in instead of a fresh one."""
         options = b"".join(
-            os.fsencode(o) + b"\0" for o in self.options(workspace=workspace, binds=binds, env=env)
+            os.fsencode(o) + b"\0"
+            for o in self.options(workspace=workspace, binds=binds, env=env, own_network=netns is None)
         )
         if len(options) > OPTIONS_MAX_BYTES:
             raise ValueError(f"bubblewrap options of {len(options)} bytes do not fit a pipe")
@@ -194,7 +204,8 @@ class Sandbox:
         finally:
             os.close(write)
         try:
-            yield [*self.launcher(cgroup_procs), bwrap_path(), "--args", str(read), "--", *command], (read,)
+            argv = [*self.launcher(cgroup_procs, netns), bwrap_path(), "--args", str(read), "--", *command]
+            yield argv, (read,)
         finally:
             os.close(read)
 
@@ -209,14 +220,14 @@ class Sandbox:
         env: Mapping[str, str] = {},
         stdin: bytes | None = None,
         cgroup_procs: Sequence[str] = (),
+        netns: int | None = None,
         stderr: Capture | None = None,
         keep_tail: bool = True,
     ) -> ToolResult:
         """Run `command` in a sandbox over `workspace` and wait for it (see `process.execute`)."""
-        with self.launch(command, workspace=workspace, binds=binds, env=env, cgroup_procs=cgroup_procs) as (
-            argv,
-            fds,
-        ):
+        with self.launch(
+            command, workspace=workspace, binds=binds, env=env, cgroup_procs=cgroup_procs, netns=netns
+        ) as (argv, fds):
             return await execute(
                 argv,
                 timeout_s=timeout_s,
@@ -229,10 +240,17 @@ class Sandbox:
             )
 
     async def start(
-        self, command: Sequence[str], *, workspace: Path, output_cap: int, lifetime_s: float, cgroup_procs=()
+        self,
+        command: Sequence[str],
+        *,
+        workspace: Path,
+        output_cap: int,
+        lifetime_s: float,
+        cgroup_procs: Sequence[str] = (),
+        netns: int | None = None,
     ) -> Job:
         """Start `command` in a sandbox over `workspace` in the background."""
-        with self.launch(command, workspace=workspace, cgroup_procs=cgroup_procs) as (argv, fds):
+        with self.launch(command, workspace=workspace, cgroup_procs=cgroup_procs, netns=netns) as (argv, fds):
             return await Job.start(argv, output_cap=output_cap, lifetime_s=lifetime_s, env={}, pass_fds=fds)
 
     def options(
@@ -241,10 +259,13 @@ class Sandbox:
         workspace: Path,
         binds: Sequence[Bind] = (),
         env: Mapping[str, str] = {},
+        own_network: bool = True,
     ) -> list[str]:
-        """bubblewrap's options: the whole isolation policy."""
+        """bubblewrap's options: the whole isolation policy (`own_network` False: stay in the network
+        namespace bubblewrap starts in, the session's; see `network`)."""
         args = [
             "--unshare-all",
+            *([] if own_network else ["--share-net"]),
             "--unshare-user",
             *(["--disable-userns"] if self.disable_userns else []),
             "--uid", str(UID),

@@ -21,7 +21,7 @@ import structlog
 from crucible.bus import RequestError
 from crucible.contracts.messages import ObjectRef
 from crucible.objectstore import IntegrityError, ObjectNotFound
-from services.sandbox import mounts
+from services.sandbox import mounts, network
 from services.sandbox.archive import BadArchive
 from services.sandbox.bwrap import Bind, Limits, Sandbox, bwrap_supports, python_paths, write_etc
 from services.sandbox.cgroups import Cgroups
@@ -108,6 +108,7 @@ class SessionManager:
             host_uid=host_uid,
             disable_userns=bwrap_supports("--disable-userns"),
             tmp_bytes=s.disk_quota_bytes,
+            shared_network=network.can_share_network(),
         )
         self.snapshots = SnapshotCache(
             self.root / "snapshots",
@@ -124,6 +125,7 @@ class SessionManager:
             overlay_and_quota=self.privileged and s.overlay_workspaces,
             host_uid=host_uid,
             cgroups=("v2" if self.cgroups.v2 else "v1") if self.cgroups else None,
+            session_network=self.sandbox.shared_network,
         )
 
     async def check(self) -> None:

@@ -9,6 +9,7 @@ command runs inside the sandbox: a link planted in the workspace cannot make the
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -16,6 +17,7 @@ from typing import TypeVar
 
 from crucible.bus import RequestError
 from crucible.contracts.sandbox import ToolResult
+from services.sandbox import network
 from services.sandbox.archive import BadArchive, check_archive
 from services.sandbox.beneath import Root
 from services.sandbox.bwrap import Bind, Sandbox
@@ -64,6 +66,8 @@ class Session:
         self.search_index: object | None = None
         """codebase_search's index of this workspace, rebuilt when `generation` moves."""
         self.jobs: dict[str, Job] = {}
+        self.netns: int | None = None
+        """The session's own loopback network, made by its first background job (see `network`)."""
         self.edits: dict[str, list[bytes | None]] = {}
         """Per path, what the file held before each edit tool call (None: it did not exist)."""
         self._lock = asyncio.Lock()
@@ -100,6 +104,7 @@ class Session:
             output_cap=output_cap or self.settings.output_cap_bytes,
             stdin=stdin,
             cgroup_procs=self.cgroup.procs_files if self.cgroup else (),
+            netns=self.netns,
             stderr=stderr,
         )
         self.generation += 1
@@ -129,19 +134,23 @@ class Session:
         return None
 
     async def start_job(self, command: str) -> str:
-        """Start `command` in the background in its own sandbox over this workspace; its id."""
+        """Start `command` in the background in its own sandbox over this workspace; its id. Where the
+        host allows it, the session's later commands share its network (a server it starts answers)."""
         s = self.settings
         for job_id in [j for j, job in self.jobs.items() if not job.running]:
             if len(self.jobs) >= s.max_background_jobs:
                 del self.jobs[job_id]
         if len(self.jobs) >= s.max_background_jobs:
             raise RequestError("busy", f"this session already runs {s.max_background_jobs} background jobs")
+        if self.netns is None and self.sandbox.shared_network:
+            self.netns = network.loopback_namespace()
         job = await self.sandbox.start(
             ["bash", "-lc", command],
             workspace=self.workspace.path,
             output_cap=s.output_cap_bytes,
             lifetime_s=s.max_run_timeout_s,
             cgroup_procs=self.cgroup.procs_files if self.cgroup else (),
+            netns=self.netns,
         )
         job_id = uuid.uuid4().hex[:8]
         self.jobs[job_id] = job
@@ -208,6 +217,9 @@ class Session:
             current.cancel()
             await asyncio.gather(current, return_exceptions=True)
         await asyncio.gather(*(job.kill() for job in self.jobs.values()), return_exceptions=True)
+        if self.netns is not None:
+            os.close(self.netns)
+            self.netns = None
         if self.cgroup is not None:
             await asyncio.to_thread(self.cgroup.remove)
         await asyncio.to_thread(self.workspace.destroy)

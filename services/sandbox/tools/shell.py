@@ -38,8 +38,10 @@ class RunArgs(Args):
     args=RunArgs,
     aliases=("run", "bash", "shell", "execute_bash"),
     arg_aliases={"cmd": "command", "timeout": "timeout_s", "background": "is_background"},
-    description="Run a bash command in the repository (no network). Output is capped, head and tail "
-    "kept. is_background=true starts it in the background and answers a job id (see background_job).",
+    description="Run a bash command in the repository (loopback network only). Output is capped, head "
+    "and tail kept. is_background=true starts it in the background and answers a job id (see "
+    "background_job); on a replica run as root, a server it starts answers the session's later "
+    "commands on 127.0.0.1.",
 )
 async def run_terminal_cmd(session: Session, args: RunArgs) -> ToolResult:
     if not args.command.strip():

@@ -445,10 +445,14 @@ async def test_no_network_to_the_host_or_beyond(client, snapshot, sandbox_settin
         async with await create(client, snapshot) as box:
             assert (await box.tool("create_file", path="probe.py", content=PROBE)).ok
             argument = json.dumps({"tcp": targets, "abstract": abstract})
-            result = await box.run(["python3", "probe.py", argument], timeout_s=60)
-            lines = result.output.splitlines()
-            assert len(lines) == len(targets) + 3, result.output
-            assert not [line for line in lines if line.endswith(": ok")], result.output
+            # Alone, then in the session's own network (which its first background job makes).
+            for background in (None, "sleep 30"):
+                if background:
+                    assert (await box.tool("run_terminal_cmd", command=background, is_background=True)).ok
+                result = await box.run(["python3", "probe.py", argument], timeout_s=60)
+                lines = result.output.splitlines()
+                assert len(lines) == len(targets) + 3, result.output
+                assert not [line for line in lines if line.endswith(": ok")], result.output
     finally:
         tcp.close()
         unix.close()

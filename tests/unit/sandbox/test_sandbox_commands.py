@@ -4,9 +4,11 @@ results read from pytest itself, never from the console)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import uuid
 
+import pytest
 from sandbox_archives import REPO, processes_with
 
 from services.sandbox.tools import call_tool
@@ -194,3 +196,47 @@ async def test_run_tests_refuses_options_as_node_ids(session):
     assert not bad.ok and "not a usable pytest argument" in (bad.error or "")
     nothing = await call_tool(session, "run_tests", {"node_ids": ["tests/test_missing.py"]})
     assert not nothing.ok and nothing.tests == [], nothing
+
+
+SERVER = (
+    "import socket\n"
+    "s = socket.socket()\n"
+    "s.bind(('127.0.0.1', 8765))\n"
+    "s.listen()\n"
+    "print('listening', flush=True)\n"
+    "while True:\n"
+    "    c, _ = s.accept()\n"
+    "    c.sendall(b'hello from the job')\n"
+    "    c.close()\n"
+)
+ASK = "python3 -c \"import socket; print(socket.create_connection(('127.0.0.1', 8765), 5).recv(99))\""
+
+
+async def test_a_server_started_in_the_background_answers_the_sessions_later_commands(manager, new_session):
+    if not manager.sandbox.shared_network:
+        pytest.skip("sessions share a network only where the service may make network namespaces (root)")
+    session, other = await new_session(), await new_session()
+    assert (await call_tool(session, "create_file", {"path": "server.py", "content": SERVER})).ok
+    started = await call_tool(session, "run", {"command": "python3 server.py", "is_background": True})
+    job_id = job_id_of(started.output)
+    for _ in range(100):
+        status = await call_tool(session, "background_job", {"job_id": job_id})
+        if "listening" in status.output or not status.output.startswith("[running"):
+            break
+        await asyncio.sleep(0.1)
+    assert "listening" in status.output, status
+    asked = await call_tool(session, "run", {"command": ASK})
+    assert asked.ok and "hello from the job" in asked.output, asked
+    # Another session has a network of its own: nothing listens there.
+    refused = await call_tool(other, "run", {"command": ASK})
+    assert not refused.ok and "ConnectionRefusedError" in refused.output, refused
+    # The job's server stops with the job; the session's network stays for the next one.
+    await call_tool(session, "background_job", {"job_id": job_id, "kill": True})
+    gone = await call_tool(session, "run", {"command": ASK})
+    assert not gone.ok and "ConnectionRefusedError" in gone.output, gone
+    netns = session.netns
+    held = os.readlink(f"/proc/self/fd/{netns}")
+    assert held.startswith("net:[")
+    await manager.destroy(session.id)
+    assert session.netns is None
+    assert not os.path.exists(f"/proc/self/fd/{netns}") or os.readlink(f"/proc/self/fd/{netns}") != held
