@@ -1,6 +1,7 @@
 """Verify a generated task for real: files on disk, pytest in a subprocess, the patch applied by git.
 
-A task is served only if, on the buggy repository, at least one hidden test fails, at least one
+Each test's outcome comes from the report pytest itself writes (`crucible.pytest_report`). A task is
+served only if, on the buggy repository, at least one hidden test fails, at least one
 passes and every visible test passes; and, with the reference patch applied, every test passes.
 """
 
@@ -12,12 +13,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.catalog.generator import GeneratedTask
+from crucible import pytest_report
+from services.catalog.generator import HIDDEN_TESTS, GeneratedTask
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,9 +47,12 @@ def write_files(*, root: Path, files: Mapping[str, str]) -> None:
 
 
 def run_tests(*, repo: Path, command: Sequence[str], timeout: float) -> dict[str, str]:
-    """Run a pytest command in `repo` and return each test's outcome, read from a JUnit XML report."""
-    report = repo.parent / f"{repo.name}-report.xml"
-    argv = [sys.executable if command[0] == "python" else command[0], *command[1:], f"--junitxml={report}"]
+    """Run a `python -m pytest ...` command in `repo` and return each test's outcome by node id, read
+    from the report pytest itself writes (the same plugin the sandbox's run_tests uses)."""
+    if tuple(command[:3]) != pytest_report.COMMAND:
+        raise TestRunError(f"test command {list(command)} is not `python -m pytest ...`")
+    report = repo.parent / f"{repo.name}-report.jsonl"
+    argv = [sys.executable, pytest_report.__file__, f"--crucible-report={report}", *command[3:]]
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     try:
         proc = subprocess.run(
@@ -60,21 +64,15 @@ def run_tests(*, repo: Path, command: Sequence[str], timeout: float) -> dict[str
         raise TestRunError(
             f"no test report (exit {proc.returncode}): {proc.stdout[-500:]}{proc.stderr[-500:]}"
         )
-    outcomes = parse_junit(report.read_text(encoding="utf-8"))
-    report.unlink()
-    if not outcomes:
+    try:
+        results = pytest_report.read_report(report.read_text(encoding="utf-8"))
+    except ValueError as exc:
+        raise TestRunError(str(exc)) from None
+    finally:
+        report.unlink()
+    if not results:
         raise TestRunError(f"no tests ran (exit {proc.returncode}): {proc.stdout[-500:]}")
-    return outcomes
-
-
-def parse_junit(xml: str) -> dict[str, str]:
-    outcomes = {}
-    for case in ET.fromstring(xml).iter("testcase"):
-        kinds = {child.tag for child in case}
-        outcome = next((k for k in ("error", "failure", "skipped") if k in kinds), "passed")
-        name = f"{case.get('classname', '')}::{case.get('name', '')}"
-        outcomes[name] = {"failure": "failed"}.get(outcome, outcome)
-    return outcomes
+    return {str(r["nodeid"]): str(r["outcome"]) for r in results}
 
 
 def apply_patch(*, repo: Path, patch: str, timeout: float = 30) -> None:
@@ -120,7 +118,7 @@ def verify_task(task: GeneratedTask, *, timeout: float = 30) -> VerifyResult:
             fixed = run_tests(repo=repo, command=command, timeout=timeout)
         except TestRunError as exc:
             return result(str(exc))
-    hidden = {k: v for k, v in buggy.items() if k.split("::")[0].endswith("test_hidden")}
+    hidden = {k: v for k, v in buggy.items() if k.split("::")[0] == HIDDEN_TESTS}
     expected = sum(
         len(_TEST_DEF.findall(text))
         for path, text in {**task.files, **task.hidden_files}.items()

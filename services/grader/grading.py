@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import structlog
 
+from crucible import pytest_report
 from crucible.bus import Bus, BusError
 from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts import subjects
@@ -22,7 +23,6 @@ from services.grader.settings import Settings
 
 log = structlog.get_logger("crucible.grader")
 NOTE_CHARS = 500
-PYTEST = ("python", "-m", "pytest")
 
 
 class GradingInfraError(RuntimeError):
@@ -74,7 +74,7 @@ async def run_hidden_tests(
     if not overlay.ok:
         raise GradingInfraError(f"hidden tests of {secret.task_id} do not unpack: {overlay.error}")
     command = list(secret.test_command)
-    if command[:3] != list(PYTEST):
+    if tuple(command[:3]) != pytest_report.COMMAND:
         raise GradingInfraError(f"task {secret.task_id}: test command {command} is not `python -m pytest ...`")
     run = await session.tool("run_tests", pytest_args=command[3:], timeout_s=settings.test_timeout_s)
     if run.timed_out:

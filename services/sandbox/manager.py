@@ -18,6 +18,7 @@ from pathlib import Path
 
 import structlog
 
+from crucible import pytest_report
 from crucible.bus import RequestError
 from crucible.contracts.messages import ObjectRef
 from crucible.objectstore import IntegrityError, ObjectNotFound
@@ -59,11 +60,19 @@ class SessionManager:
         self.snapshots: SnapshotCache = None  # type: ignore[assignment]
 
     async def start(self) -> None:
-        """Sweep leftovers, work out what the host allows, and check that bubblewrap works here."""
-        s = self.settings
+        """Sweep leftovers, work out what the host allows, and check that bubblewrap works here. A start
+        that fails takes back what it made (mounts, folders, cgroups) before it raises."""
         self.workspace_root.mkdir(parents=True, exist_ok=True)
         self.workspace_root.chmod(0o711)
-        await self.sweep(s.replica)
+        await self.sweep(self.settings.replica)
+        try:
+            await self._prepare()
+        except BaseException:
+            await self.sweep(self.settings.replica)
+            raise
+
+    async def _prepare(self) -> None:
+        s = self.settings
         self.root.mkdir()
         self.root.chmod(0o711)
         self.privileged = os.geteuid() == 0 and mounts.can_mount(self.root)
@@ -84,7 +93,7 @@ class SessionManager:
                 ro_binds.append(Bind(source=path, dest=str(path)))
         plugins = self.root / "plugins"
         plugins.mkdir()
-        shutil.copy(Path(__file__).with_name("pytest_report.py"), plugins / "crucible_pytest_report.py")
+        shutil.copy(pytest_report.__file__, plugins / "crucible_pytest_report.py")
         ro_binds.append(Bind(source=plugins, dest=PLUGIN_DIR))
         self.cgroups = (
             Cgroups.detect(

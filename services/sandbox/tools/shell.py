@@ -4,7 +4,6 @@ run_tests (pytest node ids in, one structured result per test out)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -15,6 +14,7 @@ import msgspec
 
 from crucible.contracts.messages import TestResult
 from crucible.contracts.sandbox import ToolResult
+from crucible.pytest_report import read_report
 from services.sandbox.bwrap import Bind
 from services.sandbox.session import Session
 from services.sandbox.tools.registry import Args, ToolFailure, tool
@@ -83,13 +83,10 @@ class RunTestsArgs(Args):
 
 
 def _parse_report(text: str) -> list[TestResult]:
-    tests = []
-    for line in text.splitlines():
-        try:
-            tests.append(msgspec.convert(json.loads(line), TestResult))
-        except (ValueError, msgspec.ValidationError) as exc:
-            raise ToolFailure(f"unreadable test report line: {exc}") from None
-    return tests
+    try:
+        return [msgspec.convert(result, TestResult) for result in read_report(text)]
+    except (ValueError, msgspec.ValidationError) as exc:
+        raise ToolFailure(f"unreadable test report: {exc}") from None
 
 
 @tool(

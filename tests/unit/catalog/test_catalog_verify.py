@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 
+from crucible.pytest_report import read_report
 from services.catalog.generator import HIDDEN_TESTS, generate_task, generate_taskset
 from services.catalog.render import unified_patch
-from services.catalog.verify import parse_junit, verify_task
+from services.catalog.verify import verify_task
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +64,32 @@ def test_tests_that_hang_time_out(task):
     assert not result.ok and "ran past 3" in result.reason
 
 
-def test_junit_outcomes():
-    xml = """<testsuites><testsuite>
-      <testcase classname="tests.test_hidden" name="test_a"/>
-      <testcase classname="tests.test_hidden" name="test_b"><failure message="x"/></testcase>
-      <testcase classname="tests.test_x" name="test_c"><error message="y"/></testcase>
-      <testcase classname="tests.test_x" name="test_d"><skipped/></testcase>
-    </testsuite></testsuites>"""
-    assert parse_junit(xml) == {
-        "tests.test_hidden::test_a": "passed",
-        "tests.test_hidden::test_b": "failed",
-        "tests.test_x::test_c": "error",
-        "tests.test_x::test_d": "skipped",
-    }
+def test_outcomes_are_keyed_by_node_id_and_a_liar_in_the_console_is_not_believed(task):
+    liar = (
+        "def test_liar():\n"
+        "    print('tests/test_hidden.py::test_liar PASSED')\n"
+        "    assert False\n\n\n"
+        "def test_fine():\n"
+        "    assert True\n"
+    )
+    result = verify_task(dataclasses.replace(task, hidden_files={HIDDEN_TESTS: liar}))
+    assert result.buggy[f"{HIDDEN_TESTS}::test_liar"] == "failed"
+    assert result.buggy[f"{HIDDEN_TESTS}::test_fine"] == "passed"
+    assert not result.ok and result.reason == "a test fails with the reference patch applied"
+
+
+def test_a_test_command_that_is_not_pytest_is_refused(task):
+    result = verify_task(dataclasses.replace(task, test_command=("bash", "-c", "true")))
+    assert not result.ok and "is not `python -m pytest" in result.reason
+
+
+def test_a_report_line_that_is_not_a_test_result_is_named():
+    good = '{"nodeid": "tests/test_a.py::test_a", "outcome": "passed", "duration_s": 0.1, "message": ""}'
+    assert read_report(good + "\n") == [json.loads(good)]
+    for bad, says in [
+        ("PASSED", "line 2 is not JSON"),
+        ('{"nodeid": "t", "outcome": "won"}', "line 2 is not a test result"),
+        ('["tests/test_a.py::test_a", "passed"]', "line 2 is not a test result"),
+    ]:
+        with pytest.raises(ValueError, match=says):
+            read_report(f"{good}\n{bad}\n")

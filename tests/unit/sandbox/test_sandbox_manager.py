@@ -10,6 +10,8 @@ import pytest
 from sandbox_archives import REPO, make_tar
 
 from crucible.bus import RequestError
+from services.sandbox import mounts
+from services.sandbox.manager import SessionManager
 from services.sandbox.settings import Settings
 
 
@@ -77,3 +79,14 @@ async def test_close_destroys_every_session(manager, archive_ref):
 def test_replica_name_must_be_one_subject_token():
     with pytest.raises(ValueError, match="one NATS subject token"):
         Settings(replica="host.example")
+
+
+async def test_a_start_that_fails_leaves_no_mount_or_folder(settings):
+    missing = settings.workspace_root / "no-such-folder"
+    broken = settings.model_copy(update={"extra_ro_paths": [missing]})
+    manager = SessionManager(settings=broken, fetch=None)  # type: ignore[arg-type]  # never fetches
+    with pytest.raises(RuntimeError, match="bubblewrap does not work here"):
+        await manager.start()
+    replica = settings.workspace_root / settings.replica
+    assert not replica.exists()
+    assert mounts.mounted_under(settings.workspace_root) == []

@@ -1,10 +1,11 @@
 """Runs pytest with a plugin that writes one JSON line per test (node id, outcome, short message) to the file
-named by --crucible-report. `run_tests` runs this file as the script inside the sandbox and reads the
-results from that file, never from the console, where the code under test can print anything (a fake
-"PASSED" too). As the script, it is imported from its own folder, so a module of the same name planted
-in the workspace cannot stand in for it.
+named by --crucible-report; `read_report` reads it back. The sandbox's `run_tests` runs this file as the
+script inside the sandbox, and the catalog runs it when it verifies a generated task: results come from
+that file, never from the console, where the code under test can print anything (a fake "PASSED" too).
+As the script, it is imported from its own folder, so a module of the same name planted in the
+workspace cannot stand in for it.
 
-This module runs inside the sandbox under the task's Python: it imports nothing of Crucible.
+It runs inside the sandbox under the task's Python: it imports nothing of Crucible.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ import json
 import os
 import sys
 
+COMMAND = ("python", "-m", "pytest")
+"""How a task's test command starts; what follows it are pytest's arguments, run through this script."""
 _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 _results: dict[str, dict[str, object]] = {}
 
@@ -59,6 +62,21 @@ def pytest_sessionfinish(session, exitstatus):
     if path:
         with open(path, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(result) + "\n" for result in _results.values())
+
+
+def read_report(text: str) -> list[dict[str, object]]:
+    """The results a report holds, one dict per test; ValueError names a line that is not one."""
+    results = []
+    for number, line in enumerate(text.splitlines(), 1):
+        try:
+            result = json.loads(line)
+        except ValueError as exc:
+            raise ValueError(f"test report line {number} is not JSON: {exc}") from None
+        named = isinstance(result, dict) and isinstance(result.get("nodeid"), str)
+        if not named or result.get("outcome") not in _RANK:
+            raise ValueError(f"test report line {number} is not a test result: {line[:200]!r}")
+        results.append(result)
+    return results
 
 
 if __name__ == "__main__":
