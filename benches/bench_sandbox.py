@@ -3,7 +3,8 @@
 1. create: `SessionManager.create` of a snapshot the replica already holds (a warm create: tmpfs +
    overlay mounts, a cgroup, a Redis lease), and the first, cold create that fetches and unpacks it.
 2. round trips over NATS against the real service running in this process: `read_file` and
-   `run_terminal_cmd("true")` through `SandboxSession`, and a create through `SandboxClient`; a bare
+   `run_terminal_cmd("true")` through `SandboxSession` (in a fresh network namespace, and in the
+   session's own once a background job made it), and a create through `SandboxClient`; a bare
    bus request/reply of the same messages is shown too, as the floor.
 3. create + destroy per second over NATS at several concurrencies.
 4. many live sessions on one replica: create them, one tool call on each, memory, destroy.
@@ -190,11 +191,17 @@ async def bench_tools(bus: Bus, client: SandboxClient, snapshot: ObjectRef, reps
 
     sub = await bus.serve(echo_subject, echo, ToolRequest)
     request = ToolRequest(session_id="x", name="read_file", arguments={"path": "README.md", "end_line": 40})
-    async with await client.create(run_id="bench", task_id="t", snapshot=snapshot) as box:
+    async with (
+        await client.create(run_id="bench", task_id="t", snapshot=snapshot) as box,
+        await client.create(run_id="bench", task_id="t", snapshot=snapshot) as networked,
+    ):
         read = await box.tool("read_file", path="README.md", end_line=40)
         assert read.ok, read
         ran = await box.tool("run_terminal_cmd", command="true")
         assert ran.ok, ran
+        # A background job gives this session its own network, which its later commands join.
+        job = await networked.tool("run_terminal_cmd", command="sleep 600", is_background=True)
+        assert job.ok, job
 
         async def read_file() -> None:
             await box.tool("read_file", path="README.md", end_line=40)
@@ -204,6 +211,9 @@ async def bench_tools(bus: Bus, client: SandboxClient, snapshot: ObjectRef, reps
 
         async def run_true() -> None:
             await box.tool("run_terminal_cmd", command="true")
+
+        async def run_true_networked() -> None:
+            await networked.tool("run_terminal_cmd", command="true")
 
         creates: list[float] = []
 
@@ -216,7 +226,11 @@ async def bench_tools(bus: Bus, client: SandboxClient, snapshot: ObjectRef, reps
         reads = await alternate(
             {"read_file": read_file, "bus_echo": bus_echo, "spawn": spawn_true}, reps=reps
         )
-        runs = await alternate({"run_true": run_true, "spawn": spawn_true}, reps=run_reps, block=5)
+        runs = await alternate(
+            {"run_true": run_true, "run_networked": run_true_networked, "spawn": spawn_true},
+            reps=run_reps,
+            block=5,
+        )
         made = await alternate({"create": create_then_destroy, "spawn": spawn_true}, reps=reps)
     await sub.unsubscribe()
     return {
@@ -224,6 +238,7 @@ async def bench_tools(bus: Bus, client: SandboxClient, snapshot: ObjectRef, reps
         "bus_echo": summary(reads["bus_echo"]),
         "spawn": summary(reads["spawn"]),
         "run_true": summary(runs["run_true"]),
+        "run_networked": summary(runs["run_networked"]),
         "run_spawn": summary(runs["spawn"]),
         "create": summary(creates[1:]),
         "create_spawn": summary(made["spawn"]),
@@ -308,6 +323,7 @@ def report(r: dict) -> None:
     row("read_file round trip (NATS)", t["read_file"], t["spawn"])
     row("  bus echo, same messages", t["bus_echo"], t["spawn"])
     row("run_terminal_cmd true (NATS)", t["run_true"], t["run_spawn"])
+    row("  in the session's network", t["run_networked"], t["run_spawn"])
     print(f"cold create (fetch + unpack + baseline git): {c['cold_create_ms']:.1f} ms")
     print(f"\n{'concurrency':>11}{'create+destroy/s':>18}{'bare spawns/s':>15}{'ratio':>8}")
     for x in r["rate"]:
