@@ -234,42 +234,36 @@ def test_without_bubblewrap_it_exits_1(tmp_path: Path) -> None:
     assert roots() <= before
 
 
+def start_sleeping_run(**popen) -> tuple[subprocess.Popen, str, Path]:
+    """`crucible sandbox run -- sleep MARKER` started, once its sleep runs: the process, the marker,
+    and the workspace root it made."""
+    marker = f"{30 + uuid.uuid4().int % 1000 / 1000:.3f}"  # a sleep argument no other process has
+    before = roots()
+    command = [sys.executable, "-c", "from crucible.cli.main import app; app()", "sandbox", "run", "--"]
+    proc = subprocess.Popen([*command, "sleep", marker], **popen)
+    deadline = time.monotonic() + 30
+    while not sleepers(marker):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            proc.kill()
+            raise AssertionError(f"the run did not start its command: {proc.communicate()}")
+        time.sleep(0.1)
+    (made,) = roots() - before
+    return proc, marker, made
+
+
 @needs_bwrap
 @pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_it_removes_the_sandbox(stop_signal: signal.Signals) -> None:
-    marker = f"{30 + uuid.uuid4().int % 1000 / 1000:.3f}"  # a sleep argument no other process has
-    before = roots()
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from crucible.cli.main import app; app()",
-            "sandbox",
-            "run",
-            "--",
-            "sleep",
-            marker,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc, marker, made = start_sleeping_run(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not sleepers(marker):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr and proc.stderr.read()
-            time.sleep(0.1)
-        made = roots() - before
-        assert len(made) == 1
         proc.send_signal(stop_signal)
         _, stderr = proc.communicate(timeout=30)
     finally:
         proc.kill()
     assert proc.returncode == 130 and "interrupted" in stderr
     assert not sleepers(marker)
-    assert not any(root.exists() for root in made)
-    mounts = Path("/proc/mounts").read_text()
-    assert not any(str(root) in mounts for root in made)
+    assert not made.exists()
+    assert str(made) not in Path("/proc/mounts").read_text()
 
 
 def sleepers(marker: str) -> list[int]:
@@ -294,3 +288,25 @@ async def test_execute_keeps_stderr_apart_when_asked() -> None:
     assert result.truncated
     merged = await execute(argv, timeout_s=30, output_cap=1 << 20)
     assert merged.output.startswith("out\nerr\n") and not merged.truncated
+
+
+@needs_bwrap
+def test_what_a_run_killed_outright_left_is_taken_back_by_the_next_run() -> None:
+    proc, marker, made = start_sleeping_run(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        (replica,) = [p.name for p in made.iterdir()]
+        cgroups = f"**/crucible-sandbox-{replica}"
+        assert list(Path("/sys/fs/cgroup").glob(cgroups)) or not cgroups_available()
+        proc.kill()  # SIGKILL: no clean-up of its own
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    deadline = time.monotonic() + 10
+    while sleepers(marker):  # bubblewrap dies with its parent, and the sandbox with it
+        assert time.monotonic() < deadline, "the sandboxed command outlived the killed run"
+        time.sleep(0.1)
+    assert made.exists(), "nothing was left to take back"
+    run("--", "true")
+    assert not made.exists()
+    assert str(made) not in Path("/proc/mounts").read_text()
+    assert not list(Path("/sys/fs/cgroup").glob(cgroups))
