@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -142,11 +141,16 @@ def common_settings(
     return make
 
 
+SANDBOX_ROOT_PREFIX = "crucible-test-sandbox-"
+
+
 @pytest.fixture
 def sandbox_root() -> Iterator[Path]:
     """A sandbox workspace root under /tmp itself: pytest's own tmp_path sits below a 0700 folder that
-    the unprivileged sandbox uid cannot cross."""
-    root = Path(tempfile.mkdtemp(prefix="crucible-test-sandbox-"))
-    root.chmod(0o711)
+    the unprivileged sandbox uid cannot cross. What test runs killed outright left there goes first."""
+    from services.sandbox.manager import claim_workspace_root, sweep_abandoned_roots
+
+    sweep_abandoned_roots(Path("/tmp"), SANDBOX_ROOT_PREFIX)
+    root = claim_workspace_root(Path("/tmp"), SANDBOX_ROOT_PREFIX)
     yield root
     shutil.rmtree(root, ignore_errors=True)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import stat
+import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -34,6 +36,55 @@ from services.sandbox.workspace import SnapshotCache, Workspace
 Fetch = Callable[[ObjectRef], Awaitable[bytes]]
 log = structlog.get_logger("crucible.sandbox")
 PLUGIN_DIR = "/crucible/plugins"
+
+
+def remove_replica(workspace_root: Path, replica: str) -> None:
+    """Unmount, delete and un-cgroup what `replica` left under `workspace_root` on this machine."""
+    folder = workspace_root / replica
+    for point in mounts.mounted_under(folder) if folder.exists() else []:
+        mounts.umount(point)
+    shutil.rmtree(folder, ignore_errors=True)
+    if os.geteuid() == 0:
+        Cgroups.sweep_replica(replica)
+
+
+def claim_workspace_root(parent: Path, prefix: str) -> Path:
+    """A fresh workspace root, `parent/<prefix><pid>-<random>` (0711): it names this process, so that
+    `sweep_abandoned_roots` can tell once nobody holds it."""
+    root = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+    root.chmod(0o711)
+    return root
+
+
+def sweep_abandoned_roots(parent: Path, prefix: str) -> list[Path]:
+    """Take back the workspace roots of `claim_workspace_root` whose process is gone without cleaning
+    up (killed outright): every replica's mounts, cgroups and folders. Only this user's roots."""
+    swept = []
+    for root in parent.glob(f"{prefix}*"):
+        pid = root.name.removeprefix(prefix).split("-", 1)[0]
+        try:
+            info = root.lstat()
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or not pid.isdigit():
+                continue  # not a root this user's processes made
+            if _alive(int(pid)):
+                continue
+            for replica in [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]:
+                remove_replica(root, replica.name)
+        except OSError:
+            continue  # gone meanwhile, or another process is sweeping it now
+        shutil.rmtree(root, ignore_errors=True)
+        swept.append(root)
+    return swept
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
 
 
 def _searchable_by_others(path: Path) -> bool:
@@ -148,12 +199,7 @@ class SessionManager:
 
     async def sweep(self, replica: str) -> None:
         """Remove everything an earlier run of `replica` left on this machine and in Redis."""
-        folder = self.workspace_root / replica
-        for point in mounts.mounted_under(folder) if folder.exists() else []:
-            mounts.umount(point)
-        await asyncio.to_thread(shutil.rmtree, folder, ignore_errors=True)
-        if os.geteuid() == 0:
-            Cgroups.sweep_replica(replica)
+        await asyncio.to_thread(remove_replica, self.workspace_root, replica)
         if self.leases is not None:
             try:
                 released = await self.leases.release_all(replica)

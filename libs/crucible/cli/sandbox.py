@@ -19,7 +19,6 @@ import signal
 import stat
 import sys
 import tarfile
-import tempfile
 import uuid
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -199,7 +198,6 @@ async def _in_session(archive: bytes, settings: Settings, work: Callable[[Sessio
 
     for sig in STOP_SIGNALS:
         loop.add_signal_handler(sig, stop)
-    await _sweep_abandoned_roots()
     manager = SessionManager(settings=settings, fetch=fetch)
     try:
         try:
@@ -219,49 +217,14 @@ async def _in_session(archive: bytes, settings: Settings, work: Callable[[Sessio
             loop.remove_signal_handler(sig)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
-
-
-async def _sweep_abandoned_roots() -> None:
-    """Take back what runs that were killed outright (SIGKILL, no clean-up) left: each workspace root
-    names its process, and one whose process is gone loses its mounts, cgroups and folders."""
-    from services.sandbox.manager import SessionManager
-    from services.sandbox.settings import Settings
-
-    for root in Path(ROOT_PARENT).glob(f"{ROOT_PREFIX}*"):
-        pid = root.name.removeprefix(ROOT_PREFIX).split("-", 1)[0]
-        try:
-            info = root.lstat()
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or not pid.isdigit():
-                continue  # not a root this user's runs made
-            if _alive(int(pid)):
-                continue
-            for replica in [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]:
-                settings = Settings(workspace_root=root, replica=replica.name)
-                await SessionManager(settings=settings, fetch=_no_fetch).sweep(replica.name)
-        except OSError:
-            continue  # gone meanwhile, or another run is sweeping it now
-        shutil.rmtree(root, ignore_errors=True)
-
-
-async def _no_fetch(ref: Any) -> bytes:
-    raise RuntimeError("a sweep fetches nothing")
-
-
 def _run_in_sandbox(workspace: Path | None, memory_mib: int | None, work: Callable[..., Awaitable[T]]) -> T:
     """Make the fresh workspace root, run `work(session, settings)` in a session, remove the root."""
     from crucible.telemetry import configure_logging
+    from services.sandbox.manager import claim_workspace_root, sweep_abandoned_roots
 
-    root = Path(tempfile.mkdtemp(prefix=f"{ROOT_PREFIX}{os.getpid()}-", dir=ROOT_PARENT))
+    sweep_abandoned_roots(Path(ROOT_PARENT), ROOT_PREFIX)  # what runs killed outright left
+    root = claim_workspace_root(Path(ROOT_PARENT), ROOT_PREFIX)
     try:
-        root.chmod(0o711)
         settings = _settings(root, memory_mib)
         configure_logging(service="sandbox-cli", replica=settings.replica, level="WARNING")
         archive = _archive(workspace, settings)

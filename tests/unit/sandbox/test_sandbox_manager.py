@@ -4,6 +4,8 @@ conftest.py, with room for two sessions and a fast reaper)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
 import uuid
 
 import pytest
@@ -11,7 +13,7 @@ from sandbox_archives import REPO, make_tar
 
 from crucible.bus import RequestError
 from services.sandbox import mounts
-from services.sandbox.manager import SessionManager
+from services.sandbox.manager import SessionManager, claim_workspace_root, sweep_abandoned_roots
 from services.sandbox.settings import Settings
 
 
@@ -90,3 +92,22 @@ async def test_a_start_that_fails_leaves_no_mount_or_folder(settings):
     replica = settings.workspace_root / settings.replica
     assert not replica.exists()
     assert mounts.mounted_under(settings.workspace_root) == []
+
+
+def test_roots_whose_process_is_gone_are_swept_and_no_others(tmp_path):
+    prefix = f"crucible-sweep-{uuid.uuid4().hex[:6]}-"
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    abandoned = tmp_path / f"{prefix}{ended.pid}-a"
+    (abandoned / "replica" / "sessions").mkdir(parents=True)
+    mounted = mounts.can_mount(tmp_path) and os.geteuid() == 0
+    if mounted:
+        mounts.tmpfs(abandoned / "replica" / "sessions", size_bytes=2**20, inodes=100)
+    held = claim_workspace_root(tmp_path, prefix)  # this process is alive
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    link = tmp_path / f"{prefix}{ended.pid}-link"
+    link.symlink_to(elsewhere)
+    assert sweep_abandoned_roots(tmp_path, prefix) == [abandoned]
+    assert not abandoned.exists() and held.is_dir() and link.is_symlink() and elsewhere.is_dir()
+    assert mounts.mounted_under(tmp_path) == []
