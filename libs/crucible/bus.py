@@ -37,6 +37,7 @@ CLAIM_HEADER = "Crucible-Claim"
 ERROR_HEADER = "Crucible-Error"
 DEDUP_WINDOW_S = 6 * 3600.0
 CONNECT_ATTEMPTS = 5
+NO_RESPONDERS_GRACE_S = 0.5
 
 
 class BusError(RuntimeError):
@@ -341,13 +342,28 @@ class Bus:
     # --- request / reply --------------------------------------------------------------------------
 
     async def request(self, subject: str, message: Message, reply_type: type[M], *, timeout: float = 5.0) -> M:
+        """Ask the service on `subject`. "No responders" is retried for up to NO_RESPONDERS_GRACE_S (within
+        `timeout`): nats-server can answer it for a moment after a service's subscription is confirmed
+        (about 1 in 100 requests sent right after, in our tests), and a restarting service comes back;
+        a subject nobody serves still fails fast."""
         data, headers = await self._pack(subject, message, None)
-        try:
-            reply = await self.nc.request(subject, data, timeout=timeout, headers=headers or None)
-        except nats.errors.NoRespondersError as exc:
-            raise BusTimeout(f"no service answers {subject}") from exc
-        except nats.errors.TimeoutError as exc:
-            raise BusTimeout(f"no reply on {subject} within {timeout:.1f}s") from exc
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        give_up = loop.time() + min(timeout, NO_RESPONDERS_GRACE_S)
+        pause = 0.005
+        while True:
+            try:
+                reply = await self.nc.request(
+                    subject, data, timeout=max(deadline - loop.time(), 0.001), headers=headers or None
+                )
+                break
+            except nats.errors.NoRespondersError as exc:
+                if loop.time() + pause > give_up:
+                    raise BusTimeout(f"no service answers {subject}") from exc
+                await asyncio.sleep(pause)
+                pause *= 2
+            except nats.errors.TimeoutError as exc:
+                raise BusTimeout(f"no reply on {subject} within {timeout:.1f}s") from exc
         reply_headers = dict(reply.headers or {})
         if reply_headers.get(ERROR_HEADER):
             err = msgspec.msgpack.decode(reply.data, type=_ErrorReply)
@@ -392,5 +408,9 @@ class Bus:
         sub = await self.nc.subscribe(subject, queue=queue or "", cb=on_msg)
         # The server must know the subscription before the caller announces itself ready; otherwise a
         # request sent right after "ready" can race the SUB and get "no responders".
-        await self.nc.flush()
+        try:
+            await self.nc.flush()
+        except nats.errors.TimeoutError as exc:
+            # Reconnecting: the client re-subscribes once it is back.
+            log.warning("subscription not confirmed by the server yet", subject=subject, error=repr(exc))
         return sub

@@ -73,7 +73,7 @@ def read_report(text: str) -> list[dict[str, object]]:
         except ValueError as exc:
             raise ValueError(f"test report line {number} is not JSON: {exc}") from None
         named = isinstance(result, dict) and isinstance(result.get("nodeid"), str)
-        if not named or result.get("outcome") not in _RANK:
+        if not named or not isinstance(result.get("outcome"), str) or result["outcome"] not in _RANK:
             raise ValueError(f"test report line {number} is not a test result: {line[:200]!r}")
         results.append(result)
     return results

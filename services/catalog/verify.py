@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -52,7 +53,13 @@ def run_tests(*, repo: Path, command: Sequence[str], timeout: float) -> dict[str
     if tuple(command[:3]) != pytest_report.COMMAND:
         raise TestRunError(f"test command {list(command)} is not `python -m pytest ...`")
     report = repo.parent / f"{repo.name}-report.jsonl"
-    argv = [sys.executable, pytest_report.__file__, f"--crucible-report={report}", *command[3:]]
+    # A private copy: run from where it is installed, its folder (Crucible's own modules) would come
+    # first on the import path and shadow the task's modules of the same names.
+    script = repo.parent / "plugins" / "crucible_pytest_report.py"
+    if not script.exists():
+        script.parent.mkdir(exist_ok=True)
+        shutil.copy(pytest_report.__file__, script)
+    argv = [sys.executable, str(script), f"--crucible-report={report}", *command[3:]]
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     try:
         proc = subprocess.run(

@@ -49,24 +49,27 @@ def remove_replica(workspace_root: Path, replica: str) -> None:
 
 
 def claim_workspace_root(parent: Path, prefix: str) -> Path:
-    """A fresh workspace root, `parent/<prefix><pid>-<random>` (0711): it names this process, so that
-    `sweep_abandoned_roots` can tell once nobody holds it."""
-    root = Path(tempfile.mkdtemp(prefix=f"{prefix}{os.getpid()}-", dir=parent))
+    """A fresh workspace root, `parent/<prefix><pid namespace>.<pid>-<random>` (0711): it names this
+    process, so that `sweep_abandoned_roots` can tell once nobody holds it."""
+    root = Path(tempfile.mkdtemp(prefix=f"{prefix}{_pid_namespace()}.{os.getpid()}-", dir=parent))
     root.chmod(0o711)
     return root
 
 
 def sweep_abandoned_roots(parent: Path, prefix: str) -> list[Path]:
     """Take back the workspace roots of `claim_workspace_root` whose process is gone without cleaning
-    up (killed outright): every replica's mounts, cgroups and folders. Only this user's roots."""
+    up (killed outright): every replica's mounts, cgroups and folders. Only this user's roots, made
+    in this pid namespace (a process of another one, e.g. a container sharing /tmp, is not visible
+    here). Cgroups are found under this process's own cgroup: a root left by a process that lived in
+    another (another systemd scope) loses its mounts and folders, its cgroups stay."""
     swept = []
     for root in parent.glob(f"{prefix}*"):
-        pid = root.name.removeprefix(prefix).split("-", 1)[0]
+        namespace, _, pid = root.name.removeprefix(prefix).split("-", 1)[0].partition(".")
         try:
             info = root.lstat()
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid() or not pid.isdigit():
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
                 continue  # not a root this user's processes made
-            if _alive(int(pid)):
+            if namespace != _pid_namespace() or not (pid.isascii() and pid.isdigit()) or _alive(int(pid)):
                 continue
             for replica in [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]:
                 remove_replica(root, replica.name)
@@ -77,13 +80,17 @@ def sweep_abandoned_roots(parent: Path, prefix: str) -> list[Path]:
     return swept
 
 
+def _pid_namespace() -> str:
+    return str(os.stat("/proc/self/ns/pid").st_ino)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
-        return True  # another user's process
+    except (PermissionError, OverflowError):
+        return True  # another user's process; or not a pid of this system: leave it be
     return True
 
 
@@ -189,13 +196,23 @@ class SessionManager:
         )
 
     async def check(self) -> None:
-        """Fail fast if bubblewrap cannot create its namespaces on this machine."""
+        """Fail fast if bubblewrap cannot create its namespaces on this machine, or (where sessions
+        get a network of their own) cannot run a command in one."""
         probe = self.root / "probe"
         probe.mkdir(exist_ok=True)
-        result = await self.sandbox.run(["true"], workspace=probe, timeout_s=30.0)
-        probe.rmdir()
-        if not result.ok:
-            raise RuntimeError(f"bubblewrap does not work here ({result.error}): {result.output.strip()}")
+        netns = network.loopback_namespace() if self.sandbox.shared_network else None
+        try:
+            for joined in [None, netns] if netns is not None else [None]:
+                result = await self.sandbox.run(["true"], workspace=probe, timeout_s=30.0, netns=joined)
+                if not result.ok:
+                    where = " in a session's network" if joined is not None else ""
+                    raise RuntimeError(
+                        f"bubblewrap does not work here{where} ({result.error}): {result.output.strip()}"
+                    )
+        finally:
+            if netns is not None:
+                os.close(netns)
+            probe.rmdir()
 
     async def sweep(self, replica: str) -> None:
         """Remove everything an earlier run of `replica` left on this machine and in Redis."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ctypes
 import fcntl
 import os
+import shutil
 import socket
 import struct
 import threading
@@ -58,8 +59,9 @@ def loopback_namespace() -> int:
 
 
 def can_share_network() -> bool:
-    """Whether this process may make and enter network namespaces (root with CAP_SYS_ADMIN)."""
-    if os.geteuid() != 0:
+    """Whether this process may make and enter network namespaces (root with CAP_SYS_ADMIN, and
+    util-linux's nsenter installed)."""
+    if os.geteuid() != 0 or shutil.which("nsenter") is None:
         return False
     try:
         os.close(loopback_namespace())

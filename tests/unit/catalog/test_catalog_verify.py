@@ -78,6 +78,16 @@ def test_outcomes_are_keyed_by_node_id_and_a_liar_in_the_console_is_not_believed
     assert not result.ok and result.reason == "a test fails with the reference patch applied"
 
 
+def test_the_tasks_own_modules_are_not_shadowed_by_crucibles(task):
+    # Crucible has a `settings` module next to its report script; the task's own must win, also when
+    # pytest's config does not put the repository first on the import path.
+    pyproject = task.files["pyproject.toml"].replace('pythonpath = ["."]\n', "")
+    files = {**task.files, "pyproject.toml": pyproject, "settings.py": "WHO = 'task'\n"}
+    hidden = {HIDDEN_TESTS: "import settings\n\n\ndef test_own():\n    assert settings.WHO == 'task'\n"}
+    result = verify_task(dataclasses.replace(task, files=files, hidden_files=hidden))
+    assert result.buggy[f"{HIDDEN_TESTS}::test_own"] == "passed", result.reason
+
+
 def test_a_test_command_that_is_not_pytest_is_refused(task):
     result = verify_task(dataclasses.replace(task, test_command=("bash", "-c", "true")))
     assert not result.ok and "is not `python -m pytest" in result.reason
@@ -90,6 +100,7 @@ def test_a_report_line_that_is_not_a_test_result_is_named():
         ("PASSED", "line 2 is not JSON"),
         ('{"nodeid": "t", "outcome": "won"}', "line 2 is not a test result"),
         ('["tests/test_a.py::test_a", "passed"]', "line 2 is not a test result"),
+        ('{"nodeid": "t", "outcome": ["passed"]}', "line 2 is not a test result"),
     ]:
         with pytest.raises(ValueError, match=says):
             read_report(f"{good}\n{bad}\n")

@@ -227,7 +227,13 @@ async def test_a_server_started_in_the_background_answers_the_sessions_later_com
     assert "listening" in status.output, status
     asked = await call_tool(session, "run", {"command": ASK})
     assert asked.ok and "hello from the job" in asked.output, asked
-    # Another session has a network of its own: nothing listens there.
+    # Another session has a network of its own, also once its own background job made it.
+    refused = await call_tool(other, "run", {"command": ASK})
+    assert not refused.ok and "ConnectionRefusedError" in refused.output, refused
+    assert (await call_tool(other, "run", {"command": "sleep 60", "is_background": True})).ok
+    assert other.netns is not None and os.readlink(f"/proc/self/fd/{other.netns}") != os.readlink(
+        f"/proc/self/fd/{session.netns}"
+    )
     refused = await call_tool(other, "run", {"command": ASK})
     assert not refused.ok and "ConnectionRefusedError" in refused.output, refused
     # The job's server stops with the job; the session's network stays for the next one.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import uuid
 
@@ -84,6 +85,8 @@ def test_replica_name_must_be_one_subject_token():
 
 
 async def test_a_start_that_fails_leaves_no_mount_or_folder(settings):
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
     missing = settings.workspace_root / "no-such-folder"
     broken = settings.model_copy(update={"extra_ro_paths": [missing]})
     manager = SessionManager(settings=broken, fetch=None)  # type: ignore[arg-type]  # never fetches
@@ -98,7 +101,8 @@ def test_roots_whose_process_is_gone_are_swept_and_no_others(tmp_path):
     prefix = f"crucible-sweep-{uuid.uuid4().hex[:6]}-"
     ended = subprocess.Popen(["true"])
     ended.wait()
-    abandoned = tmp_path / f"{prefix}{ended.pid}-a"
+    here = os.stat("/proc/self/ns/pid").st_ino
+    abandoned = tmp_path / f"{prefix}{here}.{ended.pid}-a"
     (abandoned / "replica" / "sessions").mkdir(parents=True)
     mounted = mounts.can_mount(tmp_path) and os.geteuid() == 0
     if mounted:
@@ -106,8 +110,16 @@ def test_roots_whose_process_is_gone_are_swept_and_no_others(tmp_path):
     held = claim_workspace_root(tmp_path, prefix)  # this process is alive
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    link = tmp_path / f"{prefix}{ended.pid}-link"
+    link = tmp_path / f"{prefix}{here}.{ended.pid}-link"
     link.symlink_to(elsewhere)
+    kept = [
+        tmp_path / f"{prefix}{here + 1}.{ended.pid}-b",  # another pid namespace: its pids mean nothing here
+        tmp_path / f"{prefix}{here}.\u00b2-c",  # not a pid
+        tmp_path / f"{prefix}{here}.{2**80}-d",
+    ]
+    for folder in kept:
+        folder.mkdir()
     assert sweep_abandoned_roots(tmp_path, prefix) == [abandoned]
     assert not abandoned.exists() and held.is_dir() and link.is_symlink() and elsewhere.is_dir()
+    assert all(folder.is_dir() for folder in kept)
     assert mounts.mounted_under(tmp_path) == []
