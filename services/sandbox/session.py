@@ -218,6 +218,8 @@ class Session:
             await asyncio.gather(current, return_exceptions=True)
         await asyncio.gather(*(job.kill() for job in self.jobs.values()), return_exceptions=True)
         if self.netns is not None:
+            # Commands run inside `exclusive` calls and jobs, both ended above: no launcher is left to
+            # open this descriptor by number (nsenter) after it is closed and its number reused.
             os.close(self.netns)
             self.netns = None
         if self.cgroup is not None:
