@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
+from pathlib import Path
 
 COMMAND = ("python", "-m", "pytest")
 """How a task's test command starts; what follows it are pytest's arguments, run through this script."""
+SCRIPT = "crucible_pytest_report.py"
 _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 _results: dict[str, dict[str, object]] = {}
 
@@ -62,6 +65,21 @@ def pytest_sessionfinish(session, exitstatus):
     if path:
         with open(path, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(result) + "\n" for result in _results.values())
+
+
+def split_command(command: list[str] | tuple[str, ...]) -> list[str]:
+    """pytest's arguments in a task's test command; ValueError if it is not `python -m pytest ...`.
+    (No `pytest_` prefix on this module's own functions: pytest would take them for hooks.)"""
+    if tuple(command[: len(COMMAND)]) != COMMAND:
+        raise ValueError(f"test command {list(command)} is not `python -m pytest ...`")
+    return list(command[len(COMMAND) :])
+
+
+def install(folder: Path) -> Path:
+    """A copy of this script, alone in `folder`, to run: run from where it is installed, its folder
+    (Crucible's own modules) would come first on the import path and shadow the tested code's."""
+    folder.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy(__file__, folder / SCRIPT))
 
 
 def read_report(text: str) -> list[dict[str, object]]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -50,16 +49,13 @@ def write_files(*, root: Path, files: Mapping[str, str]) -> None:
 def run_tests(*, repo: Path, command: Sequence[str], timeout: float) -> dict[str, str]:
     """Run a `python -m pytest ...` command in `repo` and return each test's outcome by node id, read
     from the report pytest itself writes (the same plugin the sandbox's run_tests uses)."""
-    if tuple(command[:3]) != pytest_report.COMMAND:
-        raise TestRunError(f"test command {list(command)} is not `python -m pytest ...`")
+    try:
+        args = pytest_report.split_command(command)
+    except ValueError as exc:
+        raise TestRunError(str(exc)) from None
     report = repo.parent / f"{repo.name}-report.jsonl"
-    # A private copy: run from where it is installed, its folder (Crucible's own modules) would come
-    # first on the import path and shadow the task's modules of the same names.
-    script = repo.parent / "plugins" / "crucible_pytest_report.py"
-    if not script.exists():
-        script.parent.mkdir(exist_ok=True)
-        shutil.copy(pytest_report.__file__, script)
-    argv = [sys.executable, str(script), f"--crucible-report={report}", *command[3:]]
+    script = pytest_report.install(repo.parent / "plugins")
+    argv = [sys.executable, str(script), f"--crucible-report={report}", *args]
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONDONTWRITEBYTECODE": "1"}
     try:
         proc = subprocess.run(

@@ -73,10 +73,11 @@ async def run_hidden_tests(
     overlay = await session.overlay(secret.hidden_tests)
     if not overlay.ok:
         raise GradingInfraError(f"hidden tests of {secret.task_id} do not unpack: {overlay.error}")
-    command = list(secret.test_command)
-    if tuple(command[:3]) != pytest_report.COMMAND:
-        raise GradingInfraError(f"task {secret.task_id}: test command {command} is not `python -m pytest ...`")
-    run = await session.tool("run_tests", pytest_args=command[3:], timeout_s=settings.test_timeout_s)
+    try:
+        args = pytest_report.split_command(secret.test_command)
+    except ValueError as exc:
+        raise GradingInfraError(f"task {secret.task_id}: {exc}") from None
+    run = await session.tool("run_tests", pytest_args=args, timeout_s=settings.test_timeout_s)
     if run.timed_out:
         return zero_reward(note=f"hidden tests ran past {settings.test_timeout_s:.0f}s")
     if not run.tests:

@@ -29,6 +29,8 @@ from crucible.contracts.sandbox import ToolResult
 from services.sandbox.process import Capture, Job, execute
 
 WORKSPACE = "/workspace"
+PLUGIN_DIR = "/crucible/plugins"
+"""Where the sandbox sees the service's pytest report script (read-only)."""
 OPTIONS_MAX_BYTES = 60 * 1024
 """bubblewrap's options are written whole into a pipe before it starts: below a pipe's 64 KiB."""
 UID = 1000
@@ -90,7 +92,8 @@ def _tool(name: str) -> str:
     found = shutil.which(name)
     if found is None:
         raise RuntimeError(
-            f"{name} is not installed (bubblewrap: Debian's bubblewrap; prlimit, setpriv: util-linux)"
+            f"{name} is not installed "
+            "(bubblewrap: Debian's bubblewrap; prlimit, setpriv, nsenter: util-linux)"
         )
     return found
 

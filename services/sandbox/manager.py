@@ -26,7 +26,15 @@ from crucible.contracts.messages import ObjectRef
 from crucible.objectstore import IntegrityError, ObjectNotFound
 from services.sandbox import mounts, network
 from services.sandbox.archive import BadArchive
-from services.sandbox.bwrap import Bind, Limits, Sandbox, bwrap_supports, python_paths, write_etc
+from services.sandbox.bwrap import (
+    PLUGIN_DIR,
+    Bind,
+    Limits,
+    Sandbox,
+    bwrap_supports,
+    python_paths,
+    write_etc,
+)
 from services.sandbox.cgroups import Cgroups
 from services.sandbox.leases import Leases, RedisError
 from services.sandbox.session import Session
@@ -35,7 +43,6 @@ from services.sandbox.workspace import SnapshotCache, Workspace
 
 Fetch = Callable[[ObjectRef], Awaitable[bytes]]
 log = structlog.get_logger("crucible.sandbox")
-PLUGIN_DIR = "/crucible/plugins"
 
 
 def remove_replica(workspace_root: Path, replica: str) -> None:
@@ -149,10 +156,7 @@ class SessionManager:
                 ro_binds.append(Bind(source=view, dest=str(path)))
             else:
                 ro_binds.append(Bind(source=path, dest=str(path)))
-        plugins = self.root / "plugins"
-        plugins.mkdir()
-        shutil.copy(pytest_report.__file__, plugins / "crucible_pytest_report.py")
-        ro_binds.append(Bind(source=plugins, dest=PLUGIN_DIR))
+        ro_binds.append(Bind(source=pytest_report.install(self.root / "plugins").parent, dest=PLUGIN_DIR))
         self.cgroups = (
             Cgroups.detect(
                 replica=s.replica, memory_bytes=s.memory_bytes, max_processes=s.max_processes, cpus=s.cpus

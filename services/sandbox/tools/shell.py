@@ -12,17 +12,17 @@ from typing import Annotated
 
 import msgspec
 
+from crucible import pytest_report
 from crucible.contracts.messages import TestResult
 from crucible.contracts.sandbox import ToolResult
-from crucible.pytest_report import read_report
-from services.sandbox.bwrap import Bind
+from services.sandbox.bwrap import PLUGIN_DIR, Bind
 from services.sandbox.session import Session
 from services.sandbox.tools.registry import Args, ToolFailure, tool
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 REPORT_DIR = "/crucible/report"  # a fresh folder per run, bound only for that run
 REPORT = "results.jsonl"
-PYTEST = ["python", "/crucible/plugins/crucible_pytest_report.py", "-p", "no:cacheprovider"]
+PYTEST = ["python", f"{PLUGIN_DIR}/{pytest_report.SCRIPT}", "-p", "no:cacheprovider"]
 REPORT_CAP_BYTES = 8 * 1024 * 1024
 FAILED = ("failed", "error")
 
@@ -84,7 +84,7 @@ class RunTestsArgs(Args):
 
 def _parse_report(text: str) -> list[TestResult]:
     try:
-        return [msgspec.convert(result, TestResult) for result in read_report(text)]
+        return [msgspec.convert(result, TestResult) for result in pytest_report.read_report(text)]
     except (ValueError, msgspec.ValidationError) as exc:
         raise ToolFailure(f"unreadable test report: {exc}") from None
 
