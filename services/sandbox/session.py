@@ -77,6 +77,11 @@ class Session:
     def busy(self) -> bool:
         return self._lock.locked()
 
+    @property
+    def cgroup_procs(self) -> Sequence[str]:
+        """The files a command's launcher writes its pid into to join the session's cgroups."""
+        return self.cgroup.procs_files if self.cgroup else ()
+
     def touch(self) -> None:
         self.deadline = time.monotonic() + self.ttl_s
 
@@ -103,7 +108,7 @@ class Session:
             timeout_s=timeout_s,
             output_cap=output_cap or self.settings.output_cap_bytes,
             stdin=stdin,
-            cgroup_procs=self.cgroup.procs_files if self.cgroup else (),
+            cgroup_procs=self.cgroup_procs,
             netns=self.netns,
             stderr=stderr,
         )
@@ -149,7 +154,7 @@ class Session:
             workspace=self.workspace.path,
             output_cap=s.output_cap_bytes,
             lifetime_s=s.max_run_timeout_s,
-            cgroup_procs=self.cgroup.procs_files if self.cgroup else (),
+            cgroup_procs=self.cgroup_procs,
             netns=self.netns,
         )
         job_id = uuid.uuid4().hex[:8]

@@ -102,7 +102,7 @@ async def grep(session: Session, args: GrepArgs) -> ToolResult:
         timeout_s=GREP_TIMEOUT_S,
         output_cap=limit * LINE_BYTES,
         keep_tail=False,
-        cgroup_procs=session.cgroup.procs_files if session.cgroup else (),
+        cgroup_procs=session.cgroup_procs,
     )
     if result.timed_out:
         raise ToolFailure(f"grep timed out after {GREP_TIMEOUT_S:g}s")
