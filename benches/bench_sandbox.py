@@ -43,8 +43,8 @@ from crucible.localstack.servers import start_nats, start_redis, start_seaweedfs
 from crucible.objectstore import ObjectStore
 from crucible.runtime import running
 from crucible.telemetry import configure_logging
-from services.sandbox import mounts
 from services.sandbox.app import setup
+from services.sandbox.isolation import mounts
 from services.sandbox.leases import Leases
 from services.sandbox.manager import SessionManager
 from services.sandbox.settings import Settings

@@ -148,7 +148,7 @@ SANDBOX_ROOT_PREFIX = "crucible-test-sandbox-"
 def sandbox_root() -> Iterator[Path]:
     """A sandbox workspace root under /tmp itself: pytest's own tmp_path sits below a 0700 folder that
     the unprivileged sandbox uid cannot cross. What test runs killed outright left there goes first."""
-    from services.sandbox.manager import claim_workspace_root, sweep_abandoned_roots
+    from services.sandbox.roots import claim_workspace_root, sweep_abandoned_roots
 
     sweep_abandoned_roots(Path("/tmp"), SANDBOX_ROOT_PREFIX)
     root = claim_workspace_root(Path("/tmp"), SANDBOX_ROOT_PREFIX)

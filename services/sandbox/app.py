@@ -17,19 +17,16 @@ from services.sandbox.manager import SessionManager
 from services.sandbox.metrics import SESSIONS
 from services.sandbox.settings import Settings
 
-QUEUE = "sandbox"
 
-
-async def setup(rt: Runtime) -> None:
+async def setup(rt: Runtime[Settings]) -> None:
     settings = rt.settings
-    assert isinstance(settings, Settings)
     manager = SessionManager(
         settings=settings, fetch=rt.store.get_bytes, leases=Leases(rt.redis, replica=settings.replica)
     )
     await manager.start()
     SESSIONS.set_function(lambda: len(manager.sessions))
     handlers = Handlers(manager=manager)
-    subscriptions = [await rt.bus.serve(subjects.SANDBOX_CREATE, handlers.create, CreateRequest, queue=QUEUE)]
+    subscriptions = [await rt.bus.serve(subjects.SANDBOX_CREATE, handlers.create, CreateRequest, queue=subjects.SANDBOX_QUEUE)]
     for verb, (handler, request_type) in handlers.routes().items():
         subject = subjects.sandbox_call(settings.replica, verb)
         subscriptions.append(await rt.bus.serve(subject, handler, request_type))

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 import structlog
 
-from crucible import coordination
+from crucible.contracts import keys
 
 log = structlog.get_logger("crucible.sandbox.leases")
 RedisError = (redis.exceptions.RedisError, OSError)
@@ -30,15 +30,15 @@ class Leases:
         self._renewing: set[asyncio.Future] = set()
 
     async def heartbeat(self, ttl_s: float) -> None:
-        await self.redis.set(coordination.sandbox_replica_key(self.replica), "1", px=int(ttl_s * 1000))
+        await self.redis.set(keys.sandbox_replica_key(self.replica), "1", px=int(ttl_s * 1000))
 
     async def alive(self, replica: str) -> bool:
-        return bool(await self.redis.exists(coordination.sandbox_replica_key(replica)))
+        return bool(await self.redis.exists(keys.sandbox_replica_key(replica)))
 
     async def grant(self, session_id: str, ttl_s: float) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.set(coordination.sandbox_lease_key(session_id), self.replica, px=int(ttl_s * 1000))
-            pipe.sadd(coordination.sandbox_sessions_key(self.replica), session_id)
+            pipe.set(keys.sandbox_lease_key(session_id), self.replica, px=int(ttl_s * 1000))
+            pipe.sadd(keys.sandbox_sessions_key(self.replica), session_id)
             await pipe.execute()
         self._renewed[session_id] = time.monotonic()
 
@@ -49,7 +49,7 @@ class Leases:
             return
         self._renewed[session_id] = time.monotonic()
         task = asyncio.ensure_future(
-            self.redis.pexpire(coordination.sandbox_lease_key(session_id), int(ttl_s * 1000))
+            self.redis.pexpire(keys.sandbox_lease_key(session_id), int(ttl_s * 1000))
         )
         self._renewing.add(task)
         task.add_done_callback(self._renewal_done)
@@ -64,24 +64,24 @@ class Leases:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
             for session_id in session_ids:
-                pipe.exists(coordination.sandbox_lease_key(session_id))
+                pipe.exists(keys.sandbox_lease_key(session_id))
             found = await pipe.execute()
         return [s for s, alive in zip(session_ids, found, strict=True) if not alive]
 
     async def drop(self, session_id: str, *, replica: str | None = None) -> None:
         self._renewed.pop(session_id, None)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.delete(coordination.sandbox_lease_key(session_id))
-            pipe.srem(coordination.sandbox_sessions_key(replica or self.replica), session_id)
+            pipe.delete(keys.sandbox_lease_key(session_id))
+            pipe.srem(keys.sandbox_sessions_key(replica or self.replica), session_id)
             await pipe.execute()
 
     async def release_all(self, replica: str) -> int:
         """Drop every lease `replica` held (its earlier run, or a dead replica); return how many."""
-        key = coordination.sandbox_sessions_key(replica)
+        key = keys.sandbox_sessions_key(replica)
         held = [m.decode() if isinstance(m, bytes) else m for m in await self.redis.smembers(key)]
         async with self.redis.pipeline(transaction=True) as pipe:
             for session_id in held:
-                pipe.delete(coordination.sandbox_lease_key(session_id))
+                pipe.delete(keys.sandbox_lease_key(session_id))
             pipe.delete(key)
             await pipe.execute()
         return len(held)

@@ -3,110 +3,34 @@
 A session lives until it is destroyed, its lease lapses (every call renews it), or the replica shuts
 down; its workspace, cgroup and background jobs go with it. At start a replica sweeps what an earlier
 run of itself left (mounts, folders, cgroups, leases) and what replicas with a lapsed heartbeat left
-under the same workspace root.
+under the same workspace root (`roots` takes back the host's part), then finds out what the host
+allows (`host`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
-import stat
-import tempfile
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import structlog
 
-from crucible import pytest_report
 from crucible.bus import RequestError
 from crucible.contracts.messages import ObjectRef
 from crucible.objectstore import IntegrityError, ObjectNotFound
-from services.sandbox import mounts, network
-from services.sandbox.archive import BadArchive
-from services.sandbox.bwrap import (
-    PLUGIN_DIR,
-    Bind,
-    Limits,
-    Sandbox,
-    bwrap_supports,
-    python_paths,
-    write_etc,
-)
-from services.sandbox.cgroups import Cgroups
+from services.sandbox import host
+from services.sandbox.isolation.archive import BadArchive
+from services.sandbox.isolation.bwrap import Sandbox
+from services.sandbox.isolation.cgroups import Cgroups
 from services.sandbox.leases import Leases, RedisError
+from services.sandbox.roots import remove_replica
 from services.sandbox.session import Session
 from services.sandbox.settings import Settings
 from services.sandbox.workspace import SnapshotCache, Workspace
 
 Fetch = Callable[[ObjectRef], Awaitable[bytes]]
 log = structlog.get_logger("crucible.sandbox")
-
-
-def remove_replica(workspace_root: Path, replica: str) -> None:
-    """Unmount, delete and un-cgroup what `replica` left under `workspace_root` on this machine."""
-    folder = workspace_root / replica
-    for point in mounts.mounted_under(folder) if folder.exists() else []:
-        mounts.umount(point)
-    shutil.rmtree(folder, ignore_errors=True)
-    if os.geteuid() == 0:
-        Cgroups.sweep_replica(replica)
-
-
-def claim_workspace_root(parent: Path, prefix: str) -> Path:
-    """A fresh workspace root, `parent/<prefix><pid namespace>.<pid>-<random>` (0711): it names this
-    process, so that `sweep_abandoned_roots` can tell once nobody holds it."""
-    root = Path(tempfile.mkdtemp(prefix=f"{prefix}{_pid_namespace()}.{os.getpid()}-", dir=parent))
-    root.chmod(0o711)
-    return root
-
-
-def sweep_abandoned_roots(parent: Path, prefix: str) -> list[Path]:
-    """Take back the workspace roots of `claim_workspace_root` whose process is gone without cleaning
-    up (killed outright): every replica's mounts, cgroups and folders. Only this user's roots, made
-    in this pid namespace (a process of another one, e.g. a container sharing /tmp, is not visible
-    here). Cgroups are found under this process's own cgroup: a root left by a process that lived in
-    another (another systemd scope) loses its mounts and folders, its cgroups stay."""
-    swept = []
-    for root in parent.glob(f"{prefix}*"):
-        namespace, _, pid = root.name.removeprefix(prefix).split("-", 1)[0].partition(".")
-        try:
-            info = root.lstat()
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
-                continue  # not a root this user's processes made
-            if namespace != _pid_namespace() or not (pid.isascii() and pid.isdigit()) or _alive(int(pid)):
-                continue
-            for replica in [p for p in root.iterdir() if p.is_dir() and not p.is_symlink()]:
-                remove_replica(root, replica.name)
-        except OSError:
-            continue  # gone meanwhile, or another process is sweeping it now
-        shutil.rmtree(root, ignore_errors=True)
-        swept.append(root)
-    return swept
-
-
-def _pid_namespace() -> str:
-    return str(os.stat("/proc/self/ns/pid").st_ino)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (PermissionError, OverflowError):
-        return True  # another user's process; or not a pid of this system: leave it be
-    return True
-
-
-def _searchable_by_others(path: Path) -> bool:
-    """Whether a process of another uid can reach `path` (every folder above it has o+x)."""
-    for folder in [path, *path.parents]:
-        if folder.exists() and not os.stat(folder).st_mode & 0o001:
-            return False
-    return True
 
 
 class SessionManager:
@@ -140,47 +64,8 @@ class SessionManager:
         s = self.settings
         self.root.mkdir()
         self.root.chmod(0o711)
-        self.privileged = os.geteuid() == 0 and mounts.can_mount(self.root)
-        host_uid = s.sandbox_uid if os.geteuid() == 0 else None
-        if host_uid is not None and not _searchable_by_others(self.root):
-            raise RuntimeError(
-                f"workspace_root {self.workspace_root} is not reachable by the sandbox uid {host_uid}: "
-                "every folder above it needs o+x"
-            )
-        ro_binds = []
-        for i, path in enumerate([*python_paths(), *s.extra_ro_paths]):
-            if host_uid is not None and self.privileged and not _searchable_by_others(path):
-                view = self.root / "ro" / str(i)
-                view.mkdir(parents=True)
-                mounts.bind_readonly(path, view)  # reachable by the sandbox uid, still read-only
-                ro_binds.append(Bind(source=view, dest=str(path)))
-            else:
-                ro_binds.append(Bind(source=path, dest=str(path)))
-        ro_binds.append(Bind(source=pytest_report.install(self.root / "plugins").parent, dest=PLUGIN_DIR))
-        self.cgroups = (
-            Cgroups.detect(
-                replica=s.replica, memory_bytes=s.memory_bytes, max_processes=s.max_processes, cpus=s.cpus
-            )
-            if os.geteuid() == 0
-            else None
-        )
-        limits = Limits(
-            memory_bytes=s.memory_bytes,
-            # Without per-session cgroups, the rlimit is the only count limit (and counts per uid).
-            max_processes=s.max_processes_per_uid if self.cgroups else s.max_processes,
-            max_write_bytes=s.max_write_bytes,
-            cpu_seconds=s.cpu_seconds,
-            open_files=s.open_files,
-        )
-        self.sandbox = Sandbox(
-            limits=limits,
-            etc_dir=write_etc(self.root / "etc"),
-            ro_binds=ro_binds,
-            host_uid=host_uid,
-            disable_userns=bwrap_supports("--disable-userns"),
-            tmp_bytes=s.disk_quota_bytes,
-            shared_network=network.can_share_network(),
-        )
+        found = host.probe(s, self.root)
+        self.privileged, self.cgroups, self.sandbox = found.privileged, found.cgroups, found.sandbox
         self.snapshots = SnapshotCache(
             self.root / "snapshots",
             sandbox=self.sandbox,
@@ -190,33 +75,14 @@ class SessionManager:
         )
         (self.root / "sessions").mkdir(mode=0o711)
         (self.root / "sessions").chmod(0o711)
-        await self.check()
+        await host.check(self.sandbox, self.root)
         log.info(
             "sandbox isolation",
             overlay_and_quota=self.privileged and s.overlay_workspaces,
-            host_uid=host_uid,
+            host_uid=self.sandbox.host_uid,
             cgroups=("v2" if self.cgroups.v2 else "v1") if self.cgroups else None,
             session_network=self.sandbox.shared_network,
         )
-
-    async def check(self) -> None:
-        """Fail fast if bubblewrap cannot create its namespaces on this machine, or (where sessions
-        get a network of their own) cannot run a command in one."""
-        probe = self.root / "probe"
-        probe.mkdir(exist_ok=True)
-        netns = network.loopback_namespace() if self.sandbox.shared_network else None
-        try:
-            for joined in [None, netns] if netns is not None else [None]:
-                result = await self.sandbox.run(["true"], workspace=probe, timeout_s=30.0, netns=joined)
-                if not result.ok:
-                    where = " in a session's network" if joined is not None else ""
-                    raise RuntimeError(
-                        f"bubblewrap does not work here{where} ({result.error}): {result.output.strip()}"
-                    )
-        finally:
-            if netns is not None:
-                os.close(netns)
-            probe.rmdir()
 
     async def sweep(self, replica: str) -> None:
         """Remove everything an earlier run of `replica` left on this machine and in Redis."""

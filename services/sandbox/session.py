@@ -17,12 +17,12 @@ from typing import TypeVar
 
 from crucible.bus import RequestError
 from crucible.contracts.sandbox import ToolResult
-from services.sandbox import network
-from services.sandbox.archive import BadArchive, check_archive
-from services.sandbox.beneath import Root
-from services.sandbox.bwrap import Bind, Sandbox
-from services.sandbox.cgroups import Cgroup, Counters
-from services.sandbox.process import Capture, Job
+from services.sandbox.isolation import network
+from services.sandbox.isolation.archive import BadArchive, check_archive
+from services.sandbox.isolation.beneath import Root
+from services.sandbox.isolation.bwrap import Bind, Sandbox
+from services.sandbox.isolation.cgroups import Cgroup, Counters
+from services.sandbox.isolation.process import Capture, Job
 from services.sandbox.settings import Settings
 from services.sandbox.workspace import GIT_PREPARE, UNTAR, Workspace, git_env
 

@@ -21,10 +21,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.sandbox import mounts
-from services.sandbox.archive import BadArchive, check_archive
-from services.sandbox.bwrap import WORKSPACE, Bind, Sandbox
-from services.sandbox.process import execute
+from services.sandbox.isolation import mounts
+from services.sandbox.isolation.archive import BadArchive, check_archive
+from services.sandbox.isolation.bwrap import WORKSPACE, Bind, Sandbox
+from services.sandbox.isolation.process import execute
 
 GIT_DIR = "/crucible/baseline.git"
 STATE_DIR = "/crucible/state"

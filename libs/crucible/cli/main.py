@@ -1,6 +1,7 @@
-"""The `crucible` command. Each command (group) lives in its own module under crucible.cli and exposes
-`register(app)`; modules import nothing heavy (torch, ray, the stack) until a command runs, so
-`crucible --help` answers fast."""
+"""The `crucible` command. Each command (group) lives in a module of its own that exposes `register(app)`:
+under crucible.cli, or with its service (services.sandbox.cli), named here by module path so that the
+library never imports a service. The modules import nothing heavy (torch, ray, the stack) until a
+command runs, so `crucible --help` answers fast."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ import importlib
 import importlib.util
 
 import typer
+
+COMMAND_MODULES = (
+    "crucible.cli.up",
+    "crucible.cli.db",
+    "crucible.cli.demo",
+    "crucible.cli.runs",
+    "services.sandbox.cli",
+)
+"""Registered in this order; a module not written yet (or whose package is not installed) is left out."""
+
 
 app = typer.Typer(
     name="crucible",
@@ -17,10 +28,14 @@ app = typer.Typer(
     pretty_exceptions_show_locals=False,
 )
 
-COMMAND_MODULES = ("up", "db", "demo", "runs", "sandbox")
-"""Registered in this order; a module not written yet is left out."""
 
-for _name in COMMAND_MODULES:
-    _module = f"crucible.cli.{_name}"
-    if importlib.util.find_spec(_module) is not None:
+def _exists(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:  # a package above it is not installed
+        return False
+
+
+for _module in COMMAND_MODULES:
+    if _exists(_module):
         importlib.import_module(_module).register(app)

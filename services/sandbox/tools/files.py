@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from crucible.contracts.sandbox import ToolResult
-from services.sandbox.beneath import PathRefused, relative_name
+from services.sandbox.isolation.beneath import PathRefused, relative_name
 from services.sandbox.session import Session
 from services.sandbox.tools.registry import Args, ToolFailure, tool
 

@@ -18,7 +18,7 @@ import msgspec
 
 from crucible.bus import RequestError
 from crucible.contracts.sandbox import ToolResult
-from services.sandbox.beneath import PathRefused
+from services.sandbox.isolation.beneath import PathRefused
 
 if TYPE_CHECKING:
     from services.sandbox.session import Session

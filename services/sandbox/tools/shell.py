@@ -15,7 +15,7 @@ import msgspec
 from crucible import pytest_report
 from crucible.contracts.messages import TestResult
 from crucible.contracts.sandbox import ToolResult
-from services.sandbox.bwrap import PLUGIN_DIR, Bind
+from services.sandbox.isolation.bwrap import PLUGIN_DIR, Bind
 from services.sandbox.session import Session
 from services.sandbox.tools.registry import Args, ToolFailure, tool
 

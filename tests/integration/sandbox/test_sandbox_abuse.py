@@ -38,7 +38,7 @@ from sandbox_attacks import (
 from crucible.bus import RemoteError
 from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts.messages import ObjectRef
-from services.sandbox.bwrap import python_paths
+from services.sandbox.isolation.bwrap import python_paths
 
 pytestmark = pytest.mark.integration
 MiB = 1024 * 1024

@@ -12,10 +12,10 @@ import pytest
 import redis.asyncio as aioredis
 from sandbox_archives_integration import tar_gz
 
-from crucible import coordination
+from crucible.contracts import keys
 from crucible.contracts.messages import ObjectRef
-from services.sandbox import mounts
-from services.sandbox.cgroups import Cgroups
+from services.sandbox.isolation import mounts
+from services.sandbox.isolation.cgroups import Cgroups
 from services.sandbox.leases import Leases
 from services.sandbox.manager import SessionManager
 from services.sandbox.settings import Settings
@@ -67,14 +67,14 @@ async def test_a_session_whose_lease_lapses_is_reaped(replica_manager, redis_cli
     manager = await replica_manager(f"lease-{uuid.uuid4().hex[:6]}")
     kept = await manager.create(run_id="r", task_id="t", snapshot=REF, ttl_s=60)
     lapsed = await manager.create(run_id="r", task_id="t", snapshot=REF, ttl_s=60)
-    key = coordination.sandbox_lease_key(lapsed.id)
+    key = keys.sandbox_lease_key(lapsed.id)
     assert await redis_client.get(key) == manager.settings.replica.encode()
     assert 0 < await redis_client.pttl(key) <= 60_000
     await redis_client.delete(key)  # as if its rollout crashed and stopped renewing it
     assert await manager.reap() == 1
     assert set(manager.sessions) == {kept.id}
     assert not lapsed.workspace.root.exists()
-    members = await redis_client.smembers(coordination.sandbox_sessions_key(manager.settings.replica))
+    members = await redis_client.smembers(keys.sandbox_sessions_key(manager.settings.replica))
     assert members == {kept.id.encode()}
 
 
@@ -94,7 +94,7 @@ async def test_a_restarted_replica_releases_what_its_crashed_run_held(
     assert after["mounts"] == [m for m in after["mounts"] if "sessions" not in str(m)]
     assert not list((sandbox_root / replica / "sessions").iterdir())
     for session in sessions:
-        assert not await redis_client.exists(coordination.sandbox_lease_key(session.id))
+        assert not await redis_client.exists(keys.sandbox_lease_key(session.id))
     if crashed.cgroups is not None:  # its cgroup was swept, and every process in it killed
         assert await asyncio.wait_for(job.proc.wait(), 10) != 0
     assert restarted.sessions == {}
@@ -110,7 +110,7 @@ async def test_a_dead_replicas_leftovers_are_swept_by_a_live_one(replica_manager
     dead.closing = True
     live = await replica_manager(f"live-{uuid.uuid4().hex[:6]}")
     assert await live.sweep_dead_replicas() == []  # its heartbeat has not lapsed yet
-    await redis_client.delete(coordination.sandbox_replica_key(dead_name))
+    await redis_client.delete(keys.sandbox_replica_key(dead_name))
     assert await live.sweep_dead_replicas() == [dead_name]
     assert leftovers(sandbox_root, dead_name) == {"mounts": [], "folder": False, "cgroups": []}
 
@@ -118,7 +118,7 @@ async def test_a_dead_replicas_leftovers_are_swept_by_a_live_one(replica_manager
 async def test_calls_renew_the_lease_without_waiting_for_redis(replica_manager, redis_client):
     manager = await replica_manager(f"renew-{uuid.uuid4().hex[:6]}")
     session = await manager.create(run_id="r", task_id="t", snapshot=REF, ttl_s=2)
-    key = coordination.sandbox_lease_key(session.id)
+    key = keys.sandbox_lease_key(session.id)
     await asyncio.sleep(0.6)
     assert await redis_client.pttl(key) <= 1500
     manager.get(session.id)  # a call on the session: more than a tenth of the TTL since the last renewal

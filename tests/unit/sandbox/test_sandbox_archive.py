@@ -4,7 +4,7 @@ import tarfile
 import pytest
 from sandbox_archives import make_tar
 
-from services.sandbox.archive import BadArchive, check_archive
+from services.sandbox.isolation.archive import BadArchive, check_archive
 
 LIMITS = {"max_bytes": 10_000, "max_members": 10}
 

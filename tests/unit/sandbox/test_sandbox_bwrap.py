@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from sandbox_archives import processes_with
 
-from services.sandbox.bwrap import Bind, Sandbox
+from services.sandbox.isolation.bwrap import Bind, Sandbox
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-from services.sandbox.process import Capture
+from services.sandbox.isolation.process import Capture
 
 
 def test_short_output_is_kept_whole():

@@ -13,8 +13,9 @@ import pytest
 from sandbox_archives import REPO, make_tar
 
 from crucible.bus import RequestError
-from services.sandbox import mounts
-from services.sandbox.manager import SessionManager, claim_workspace_root, sweep_abandoned_roots
+from services.sandbox.isolation import mounts
+from services.sandbox.manager import SessionManager
+from services.sandbox.roots import claim_workspace_root, sweep_abandoned_roots
 from services.sandbox.settings import Settings
 
 

@@ -8,7 +8,7 @@ import pytest
 from sandbox_archives import make_tar
 
 from crucible.bus import RequestError
-from services.sandbox.archive import BadArchive
+from services.sandbox.isolation.archive import BadArchive
 from services.sandbox.tools import call_tool
 
 

@@ -16,7 +16,7 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from services.sandbox.bwrap import WORKSPACE
+from services.sandbox.isolation.bwrap import WORKSPACE
 
 _SYS_OPENAT2 = {"x86_64": 437, "aarch64": 437, "riscv64": 437, "ppc64le": 437, "s390x": 437}
 RESOLVE_NO_XDEV = 0x01

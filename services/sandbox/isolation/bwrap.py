@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from crucible.contracts.sandbox import ToolResult
-from services.sandbox.process import Capture, Job, execute
+from services.sandbox.isolation.process import Capture, Job, execute
 
 WORKSPACE = "/workspace"
 PLUGIN_DIR = "/crucible/plugins"

@@ -220,7 +220,7 @@ async def _in_session(archive: bytes, settings: Settings, work: Callable[[Sessio
 def _run_in_sandbox(workspace: Path | None, memory_mib: int | None, work: Callable[..., Awaitable[T]]) -> T:
     """Make the fresh workspace root, run `work(session, settings)` in a session, remove the root."""
     from crucible.telemetry import configure_logging
-    from services.sandbox.manager import claim_workspace_root, sweep_abandoned_roots
+    from services.sandbox.roots import claim_workspace_root, sweep_abandoned_roots
 
     sweep_abandoned_roots(Path(ROOT_PARENT), ROOT_PREFIX)  # what runs killed outright left
     root = claim_workspace_root(Path(ROOT_PARENT), ROOT_PREFIX)
@@ -251,7 +251,7 @@ def run(
 ) -> None:
     """Run one command in a fresh sandbox and print what happened as one JSON object."""
     _check_directory(workspace)
-    from services.sandbox.process import Capture
+    from services.sandbox.isolation.process import Capture
 
     async def work(session: Session, settings: Settings) -> dict[str, Any]:
         timeout_s = min(timeout or settings.run_timeout_s, settings.max_run_timeout_s)

@@ -1,0 +1,1 @@
+"""The sandbox's isolation primitives: bubblewrap, cgroups, mounts, network, processes, archives."""
