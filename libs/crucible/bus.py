@@ -5,7 +5,9 @@ One way to do each thing:
   threshold goes to the object store and the message carries its reference.
 - `consume` runs a durable pull consumer with explicit ack: ack after the handler returns, nak with a
   back-off when it raises, dead-letter (with the reason) when a message cannot be decoded or keeps failing.
-- `request` / `serve` are request/reply with deadlines; errors travel back as a typed error reply.
+  Long work keeps its message with `Delivery.keep_alive` (the ack deadline is extended until it is settled).
+- `request` / `serve` are request/reply with deadlines; errors travel back as a typed error reply. `serve`
+  counts every request and its latency per subject (`crucible_bus_requests_total`, `..._request_seconds`).
 - `latest` / `watch` read the newest message on a subject and follow new ones (weight announcements).
 """
 
@@ -13,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
@@ -24,8 +27,10 @@ import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
+from prometheus_client import Counter, Histogram
 
 from crucible.contracts import ContractError, decode, encode, subjects
+from crucible.contracts.keys import bus_claim_prefix
 from crucible.contracts.messages import DeadLetter, Message, ObjectRef
 from crucible.objectstore import IntegrityError, ObjectNotFound, ObjectStore
 from crucible.settings import CommonSettings
@@ -38,6 +43,15 @@ ERROR_HEADER = "Crucible-Error"
 DEDUP_WINDOW_S = 6 * 3600.0
 CONNECT_ATTEMPTS = 5
 NO_RESPONDERS_GRACE_S = 0.5
+
+REQUESTS = Counter(
+    "crucible_bus_requests_total", "Requests answered, by subject and result (ok or the error code)",
+    ["subject", "result"],
+)
+REQUEST_SECONDS = Histogram(
+    "crucible_bus_request_seconds", "Time to answer a request, by subject", ["subject"],
+    buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300),
+)
 
 
 class BusError(RuntimeError):
@@ -71,12 +85,14 @@ class _ErrorReply(msgspec.Struct):
     detail: str
 
 
-def _stream_config(name: str, subjects_: list[str]) -> StreamConfig:
-    retention = RetentionPolicy.WORK_QUEUE if name == subjects.ROLLOUTS else RetentionPolicy.LIMITS
+_RETENTION = {"limits": RetentionPolicy.LIMITS, "work_queue": RetentionPolicy.WORK_QUEUE}
+
+
+def _stream_config(stream: subjects.Stream) -> StreamConfig:
     return StreamConfig(
-        name=name,
-        subjects=subjects_,
-        retention=retention,
+        name=stream.name,
+        subjects=list(stream.subjects),
+        retention=_RETENTION[stream.retention],
         storage=StorageType.FILE,
         duplicate_window=DEDUP_WINDOW_S,
         max_msg_size=-1,
@@ -93,17 +109,47 @@ class Delivery:
     stream_seq: int
     msg_id: str | None
     held: bool = False
+    _beat: asyncio.Task | None = field(default=None, repr=False)
 
-    async def in_progress(self) -> None:
-        """Extend the ack deadline for long work."""
-        await self.msg.in_progress()
+    def keep_alive(self, *, every_s: float) -> Delivery:
+        """Extend the ack deadline every `every_s` seconds from now until the message is acked or naked,
+        so that long work (or a message held for later) is not redelivered meanwhile. Used as
+        `async with delivery.keep_alive(...)`, the extension also stops when the block ends."""
+        self.stop_keep_alive()
+        self._beat = asyncio.create_task(self._extend(every_s), name=f"keep-alive-{self.stream_seq}")
+        return self
+
+    async def _extend(self, every_s: float) -> None:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                await self.msg.in_progress()
+            except Exception as exc:  # a reconnect in progress, or the message is already settled
+                log.debug("could not extend an ack deadline", subject=self.subject, error=repr(exc))
+
+    def stop_keep_alive(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
+
+    async def __aenter__(self) -> Delivery:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.stop_keep_alive()
 
     def hold(self) -> None:
-        """Keep the message unacknowledged after the handler returns; the owner acks it later."""
+        """Keep the message unacknowledged after the handler returns; the owner acks or naks it later."""
         self.held = True
 
     async def ack(self) -> None:
+        self.stop_keep_alive()
         await self.msg.ack()
+
+    async def nak(self) -> None:
+        """Hand the message back now, for redelivery."""
+        self.stop_keep_alive()
+        await self.msg.nak()
 
 
 Handler = Callable[[Any, Delivery], Awaitable[None]]
@@ -138,8 +184,8 @@ class Bus:
         return cls(nc, store=store, name=name, claim_check_bytes=settings.claim_check_bytes)
 
     async def ensure_streams(self) -> None:
-        for name, subjects_ in subjects.STREAMS.items():
-            config = _stream_config(name, subjects_)
+        for stream in subjects.STREAMS.values():
+            config = _stream_config(stream)
             try:
                 await self.js.add_stream(config)
             except nats.js.errors.BadRequestError:
@@ -163,7 +209,7 @@ class Bus:
             raise BusError(f"{len(data)} byte message on {subject} needs the object store, and this bus has none")
         # Content-addressed: a republished message never overwrites the bytes an earlier one points at.
         digest = hashlib.sha256(data).hexdigest()
-        ref = await self.store.put_bytes(f"{claim_prefix or 'bus/' + subject}/{digest}.msgpack", data)
+        ref = await self.store.put_bytes(f"{claim_prefix or bus_claim_prefix(subject)}/{digest}.msgpack", data)
         return msgspec.msgpack.encode(ref), {CLAIM_HEADER: "1"}
 
     async def _unpack(self, data: bytes, headers: dict[str, str] | None, type_: type[M]) -> M:
@@ -256,12 +302,22 @@ class Bus:
             stream_seq=meta.sequence.stream,
             msg_id=headers.get("Nats-Msg-Id"),
         )
+        try:
+            await self._handle(delivery, stream, durable, handler, type_, max_deliver)
+        finally:
+            if not delivery.held:
+                delivery.stop_keep_alive()
+
+    async def _handle(
+        self, delivery: Delivery, stream: str, durable: str, handler: Handler, type_: type[M], max_deliver: int
+    ) -> None:
+        msg = delivery.msg
         if delivery.attempt > max_deliver:
             reason = f"delivered {delivery.attempt} times without being acknowledged"
             await self.dead_letter(msg, stream=stream, consumer=durable, reason=reason)
             return
         try:
-            message = await self._unpack(msg.data, headers, type_)
+            message = await self._unpack(msg.data, dict(msg.headers or {}), type_)
         except (ContractError, IntegrityError, ObjectNotFound) as exc:
             await self.dead_letter(msg, stream=stream, consumer=durable, reason=f"{type(exc).__name__}: {exc}")
             return
@@ -272,12 +328,15 @@ class Bus:
         try:
             await handler(message, delivery)
         except asyncio.CancelledError:
+            delivery.held = False  # a failed handler's message is settled here, whatever it meant to hold
             await self._settle(msg.nak())
             raise
         except ContractError as exc:  # the message is wrong and will never succeed: park it now
+            delivery.held = False
             await self.dead_letter(msg, stream=stream, consumer=durable, reason=str(exc))
             return
         except Exception as exc:  # a handler bug must not stop the consumer
+            delivery.held = False
             reason = f"{type(exc).__name__}: {exc}"
             log.warning("handler failed", stream=stream, consumer=durable, attempt=delivery.attempt, error=reason)
             if delivery.attempt >= max_deliver:
@@ -378,22 +437,28 @@ class Bus:
         *,
         queue: str | None = None,
     ) -> Any:
-        """Answer requests on a subject; each request runs as its own task."""
+        """Answer requests on a subject; each request runs as its own task, counted and timed."""
         tasks: set[asyncio.Task] = set()
+        latency = REQUEST_SECONDS.labels(subject)
 
         async def answer(msg: Msg) -> None:
+            started = time.perf_counter()
+            result = "ok"
             try:
                 request = await self._unpack(msg.data, dict(msg.headers or {}), request_type)
                 reply = await handler(request)
                 data, headers = await self._pack(msg.reply, reply, None)
             except (RequestError, ContractError) as exc:
-                code = exc.code if isinstance(exc, RequestError) else "bad_request"
+                result = exc.code if isinstance(exc, RequestError) else "bad_request"
                 detail = exc.detail if isinstance(exc, RequestError) else str(exc)
-                data, headers = msgspec.msgpack.encode(_ErrorReply(code, detail)), {ERROR_HEADER: "1"}
+                data, headers = msgspec.msgpack.encode(_ErrorReply(result, detail)), {ERROR_HEADER: "1"}
             except Exception as exc:  # never let one request take the service down
                 log.exception("request handler failed", subject=subject)
-                data = msgspec.msgpack.encode(_ErrorReply("internal", f"{type(exc).__name__}: {exc}"))
+                result = "internal"
+                data = msgspec.msgpack.encode(_ErrorReply(result, f"{type(exc).__name__}: {exc}"))
                 headers = {ERROR_HEADER: "1"}
+            latency.observe(time.perf_counter() - started)
+            REQUESTS.labels(subject, result).inc()
             if msg.reply:
                 try:
                     await self.nc.publish(msg.reply, data, headers=headers or None)

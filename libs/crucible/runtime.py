@@ -3,6 +3,7 @@
 It loads settings (a bad config exits with a clear message), connects the bus, the object store and
 Redis, serves /healthz, /readyz and /metrics, runs the service's `setup`, and on SIGTERM or SIGINT
 stops taking new work, lets in-flight work finish (or hands it back to JetStream), and exits 0.
+`Runtime[Settings]` is generic over the service's settings class, so `rt.settings` has its type.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import contextlib
 import signal
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import redis.asyncio as aioredis
 import structlog
@@ -38,16 +39,18 @@ class EmbeddedServer(uvicorn.Server):
         yield
 
 
-class Runtime:
-    def __init__(self, *, name: str, settings: CommonSettings) -> None:
+class Runtime(Generic[S]):
+    bus: Bus
+    store: ObjectStore
+    redis: aioredis.Redis
+    """Connected by start(), before the service's setup runs."""
+
+    def __init__(self, *, name: str, settings: S) -> None:
         self.name = name
         self.settings = settings
         self.log = structlog.get_logger(f"crucible.{name}")
         self.stopping = asyncio.Event()
         self.metrics: CollectorRegistry = REGISTRY
-        self.bus: Bus = None  # type: ignore[assignment]  # set by start()
-        self.store: ObjectStore = None  # type: ignore[assignment]
-        self.redis: aioredis.Redis = None  # type: ignore[assignment]
         self.http_port: int | None = None
         self._ready = False
         self._tasks: set[asyncio.Task] = set()
@@ -66,6 +69,7 @@ class Runtime:
         return task
 
     def on_close(self, closer: Callable[[], Awaitable[None]]) -> None:
+        """Run `closer` at shutdown, after the background tasks; closers run in reverse order."""
         self._closers.append(closer)
 
     def _on_task_done(self, task: asyncio.Task) -> None:
@@ -95,7 +99,7 @@ class Runtime:
 
         @app.get("/readyz")
         async def readyz(response: Response) -> dict[str, Any]:
-            connected = self.bus is not None and self.bus.nc.is_connected
+            connected = hasattr(self, "bus") and self.bus.nc.is_connected
             ok = self._ready and connected and not self.stopping.is_set()
             response.status_code = 200 if ok else 503
             return {"ready": ok, "bus": connected}
@@ -104,23 +108,29 @@ class Runtime:
         async def metrics() -> Response:
             return Response(generate_latest(self.metrics), media_type=CONTENT_TYPE_LATEST)
 
+        self.http_port = await self.serve_http(
+            app, host=self.settings.http_host, port=self.settings.http_port, name="health"
+        )
+
+    async def serve_http(self, app: FastAPI, *, host: str, port: int, name: str) -> int:
+        """Serve an ASGI app until the service has stopped; returns its port (0 picks a free one)."""
         config = uvicorn.Config(
-            app, host=self.settings.http_host, port=self.settings.http_port, log_level="warning", lifespan="off"
+            app, host=host, port=port, log_level="warning", lifespan="off", access_log=False
         )
         server = EmbeddedServer(config)
-        task = asyncio.create_task(server.serve(), name="health")
+        task = asyncio.create_task(server.serve(), name=f"http-{name}")
         while not server.started:
-            if task.done():
-                task.result()
-                raise RuntimeError("health server exited at start")
+            if task.done():  # uvicorn exits (SystemExit) when it cannot bind
+                error = None if task.cancelled() else task.exception()
+                raise RuntimeError(f"{name} HTTP server could not start on {host}:{port}: {error!r}")
             await asyncio.sleep(0.01)
-        self.http_port = server.servers[0].sockets[0].getsockname()[1]
 
         async def stop_server() -> None:
             server.should_exit = True
             await task
 
-        self._closers.insert(0, stop_server)
+        self.on_close(stop_server)  # closers run last-registered first: health, registered at start, last
+        return server.servers[0].sockets[0].getsockname()[1]
 
     async def shutdown(self) -> None:
         self._ready = False
@@ -136,9 +146,9 @@ class Runtime:
                 await closer()
             except Exception as exc:
                 self.log.warning("error while closing", error=repr(exc))
-        if self.bus is not None:
+        if hasattr(self, "bus"):
             await self.bus.close()
-        if self.redis is not None:
+        if hasattr(self, "redis"):
             await self.redis.aclose()
         self.log.info("stopped")
 
@@ -152,7 +162,7 @@ def load_settings(settings_cls: type[S]) -> S:
         raise SystemExit(2) from None
 
 
-async def run(name: str, settings: CommonSettings, setup: Callable[[Runtime], Awaitable[None]]) -> None:
+async def run(name: str, settings: S, setup: Callable[[Runtime[S]], Awaitable[None]]) -> None:
     rt = Runtime(name=name, settings=settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -171,12 +181,12 @@ async def run(name: str, settings: CommonSettings, setup: Callable[[Runtime], Aw
 
 @contextlib.asynccontextmanager
 async def running(
-    name: str, settings: CommonSettings, setup: Callable[[Runtime], Awaitable[None]], *, timeout_s: float = 60.0
-) -> AsyncIterator[Runtime]:
+    name: str, settings: S, setup: Callable[[Runtime[S]], Awaitable[None]], *, timeout_s: float = 60.0
+) -> AsyncIterator[Runtime[S]]:
     """A service inside this event loop, from setup to a clean stop (tests, embedding)."""
-    started: asyncio.Future[Runtime] = asyncio.get_running_loop().create_future()
+    started: asyncio.Future[Runtime[S]] = asyncio.get_running_loop().create_future()
 
-    async def setup_and_report(rt: Runtime) -> None:
+    async def setup_and_report(rt: Runtime[S]) -> None:
         await setup(rt)
         started.set_result(rt)
 
@@ -195,7 +205,7 @@ async def running(
         await asyncio.wait_for(task, timeout=timeout_s)
 
 
-def run_service(name: str, settings_cls: type[CommonSettings], setup: Callable[[Runtime], Awaitable[None]]) -> None:
+def run_service(name: str, settings_cls: type[S], setup: Callable[[Runtime[S]], Awaitable[None]]) -> None:
     """Entry point of `python -m services.<name>`."""
     settings = load_settings(settings_cls)
     configure_logging(service=name, replica=settings.replica, level=settings.log_level, json=settings.log_json)

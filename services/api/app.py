@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections.abc import Awaitable, Callable
 
-import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import crucible
 from crucible.bus import Bus
 from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import check_schema
-from crucible.runtime import EmbeddedServer, Runtime
+from crucible.runtime import Runtime
 from services.api.commands import Unavailable
 from services.api.ingest import run_ingest
+from services.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from services.api.pagination import InvalidCursor
 from services.api.queries import NotFound
 from services.api.routes import health, runs, trajectories
 from services.api.settings import Settings
+
+METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 def _error(status: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
@@ -46,21 +48,22 @@ def create_app(
     app.add_exception_handler(Unavailable, _error(503))
     for module in (health, runs, trajectories):
         app.include_router(module.router)
+
+    @app.middleware("http")
+    async def count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        started = time.perf_counter()
+        response = await call_next(request)
+        route = getattr(request.scope.get("route"), "path", "unmatched")
+        method = request.method if request.method in METHODS else "other"
+        HTTP_REQUESTS.labels(method, route, str(response.status_code)).inc()
+        HTTP_SECONDS.labels(route).observe(time.perf_counter() - started)
+        return response
+
     return app
 
 
-
-async def _serve(server: EmbeddedServer, stopping: asyncio.Event) -> None:
-    serving = asyncio.ensure_future(server.serve())
-    stop = asyncio.ensure_future(stopping.wait())
-    await asyncio.wait([serving, stop], return_when=asyncio.FIRST_COMPLETED)
-    server.should_exit = True
-    stop.cancel()
-    await serving
-
-
-async def setup(rt: Runtime) -> None:
-    settings: Settings = rt.settings  # type: ignore[assignment]
+async def setup(rt: Runtime[Settings]) -> None:
+    settings = rt.settings
     engine = make_engine(settings.database_url)
     rt.on_close(engine.dispose)
     await check_schema(engine)
@@ -78,20 +81,6 @@ async def setup(rt: Runtime) -> None:
         name="ingest",
     )
     app = create_app(settings=settings, sessionmaker=sessionmaker, bus=rt.bus)
-    config = uvicorn.Config(
-        app,
-        host=settings.api_host,
-        port=settings.api_port,
-        log_level="warning",
-        lifespan="off",
-        access_log=False,
-    )
-    server = EmbeddedServer(config)
-    task = rt.spawn(_serve(server, rt.stopping), name="rest")
-    while not server.started:
-        if task.done():
-            raise RuntimeError(f"REST API could not start on {settings.api_host}:{settings.api_port}")
-        await asyncio.sleep(0.01)
-    port = server.servers[0].sockets[0].getsockname()[1]
+    port = await rt.serve_http(app, host=settings.api_host, port=settings.api_port, name="rest")
     base = f"http://{settings.api_host}:{port}"
     rt.log.info("REST API listening", url=f"{base}/v1", docs=f"{base}/docs")

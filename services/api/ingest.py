@@ -17,26 +17,29 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crucible.bus import Bus, Delivery, Handler
 from crucible.contracts import subjects
-from crucible.contracts.messages import Event, GradedTrajectory, Message
+from crucible.contracts.events import Event
+from crucible.contracts.messages import GradedTrajectory, Message
+from services.api.metrics import INGESTED
 from services.api.records import apply_event, record_graded
 
 log = structlog.get_logger("crucible.api")
 UNREACHABLE = (OperationalError, InterfaceError, OSError)
+KEEP_ALIVE_S = 5.0  # well under the consumers' ack wait
 
 
 async def _until_stored(
     work: Callable[[], Awaitable[object]], delivery: Delivery, stop: asyncio.Event
 ) -> None:
     delay = 0.5
-    while True:
-        try:
-            await work()
-            return
-        except UNREACHABLE as exc:
-            if stop.is_set():
-                raise
-            log.warning("database unavailable; holding the message", error=str(exc), retry_in_s=delay)
-            await delivery.in_progress()
+    async with delivery.keep_alive(every_s=KEEP_ALIVE_S):
+        while True:
+            try:
+                await work()
+                return
+            except UNREACHABLE as exc:
+                if stop.is_set():
+                    raise
+                log.warning("database unavailable; holding the message", error=str(exc), retry_in_s=delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 10.0)
 
@@ -60,6 +63,7 @@ async def run_ingest(
                 await record_graded(session=session, graded=graded)
 
         await _until_stored(work, delivery, stop)
+        INGESTED.labels(subjects.GRADED).inc()
 
     async def on_event(event: Event, delivery: Delivery) -> None:
         async def work() -> None:
@@ -67,6 +71,7 @@ async def run_ingest(
                 await apply_event(session=session, event=event)
 
         await _until_stored(work, delivery, stop)
+        INGESTED.labels(subjects.EVENTS).inc()
 
     async def consume(stream: str, durable: str, handler: Handler, message_type: type[Message]) -> None:
         """Keep the consumer running: a bus failure is logged and the consumer re-attached."""
@@ -75,7 +80,7 @@ async def run_ingest(
                 await bus.consume(
                     stream=stream,
                     durable=durable,
-                    filter_subject=subjects.STREAMS[stream][0],
+                    filter_subject=subjects.STREAMS[stream].all_subjects,
                     handler=handler,
                     message_type=message_type,
                     stop=stop,

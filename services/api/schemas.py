@@ -3,50 +3,20 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from crucible.model.config import PRESETS
+from crucible.contracts.runconfig import RunConfig
 
 T = TypeVar("T")
-
-
-class RunConfigBody(BaseModel):
-    """A run's configuration; mirrors `crucible.contracts.messages.RunConfig` with its valid ranges."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    taskset: str = Field(default="pybugs", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
-    difficulties: list[Annotated[int, Field(ge=0, le=100)]] = Field(default=[1, 2], min_length=1)
-    model_preset: str = Field(default="tiny", min_length=1)
-    precision: Literal["bf16", "mxfp8"] = "bf16"
-    seed: int = Field(default=0, ge=0)
-    group_size: int = Field(default=4, ge=1, le=1024)
-    groups_per_step: int = Field(default=2, ge=1, le=1024)
-    max_steps: int = Field(default=6, ge=1)
-    publish_every: int = Field(default=2, ge=1)
-    max_staleness: int = Field(default=2, ge=0)
-    learning_rate: float = Field(default=1e-3, gt=0, le=1)
-    clip_eps: float = Field(default=0.2, gt=0, lt=1)
-    max_turns: int = Field(default=3, ge=1, le=256)
-    max_action_tokens: int = Field(default=40, ge=1, le=4096)
-    max_observation_bytes: int = Field(default=200, ge=16, le=65536)
-    temperature: float = Field(default=1.0, gt=0, le=10)
-
-    @field_validator("model_preset")
-    @classmethod
-    def _known_preset(cls, value: str) -> str:
-        if value not in PRESETS:
-            raise ValueError(f"unknown model preset {value!r}; known: {', '.join(PRESETS)}")
-        return value
 
 
 class RunCreate(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
 
     name: str = Field(min_length=1, max_length=200)
-    config: RunConfigBody = Field(default_factory=RunConfigBody)
+    config: RunConfig = Field(default_factory=RunConfig)
 
 
 class Page(BaseModel, Generic[T]):

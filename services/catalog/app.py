@@ -2,28 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from random import Random
-from typing import TypeVar
 
 from crucible.bus import RequestError
 from crucible.contracts import subjects
-from crucible.contracts.messages import Message, SampleReply, SampleRequest, TaskReply, TaskRequest
+from crucible.contracts.messages import SampleReply, SampleRequest, TaskReply, TaskRequest
 from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import check_schema
 from crucible.runtime import Runtime
 from services.catalog.index import get_task, sample_tasks
-from services.catalog.metrics import REJECTED, REQUESTS, TASKS
+from services.catalog.metrics import REJECTED, TASKS
 from services.catalog.publish import publish_taskset
 from services.catalog.settings import Settings
 from services.catalog.verify import VerifyResult
 
-Q = TypeVar("Q", bound=Message)
-QUEUE = "catalog"
 
-
-async def setup(rt: Runtime) -> None:
-    settings: Settings = rt.settings  # type: ignore[assignment]
+async def setup(rt: Runtime[Settings]) -> None:
+    settings = rt.settings
     engine = make_engine(settings.database_url)
     rt.on_close(engine.dispose)
     await check_schema(engine)
@@ -76,18 +71,5 @@ async def setup(rt: Runtime) -> None:
                 session=session, task_id=request.task_id, include_secret=request.include_secret
             )
 
-    await rt.bus.serve(subjects.CATALOG_SAMPLE, _counted("sample", sample), SampleRequest, queue=QUEUE)
-    await rt.bus.serve(subjects.CATALOG_GET, _counted("get", get), TaskRequest, queue=QUEUE)
-
-
-def _counted(verb: str, handler: Callable[[Q], Awaitable[Message]]) -> Callable[[Q], Awaitable[Message]]:
-    async def counted(request: Q) -> Message:
-        try:
-            reply = await handler(request)
-        except RequestError as exc:
-            REQUESTS.labels(verb, exc.code).inc()
-            raise
-        REQUESTS.labels(verb, "ok").inc()
-        return reply
-
-    return counted
+    await rt.bus.serve(subjects.CATALOG_SAMPLE, sample, SampleRequest, queue=subjects.CATALOG_QUEUE)
+    await rt.bus.serve(subjects.CATALOG_GET, get, TaskRequest, queue=subjects.CATALOG_QUEUE)

@@ -2,9 +2,6 @@
 
 from prometheus_client import Counter, Gauge
 
-REQUESTS = Counter(
-    "crucible_catalog_requests_total", "Catalog requests answered, by verb and result", ["verb", "result"]
-)
 TASKS = Gauge(
     "crucible_catalog_tasks", "Tasks this replica found ready to serve at start, by task set", ["taskset"]
 )

@@ -20,6 +20,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from crucible.contracts.keys import taskset_object
 from crucible.objectstore import ObjectStore
 from services.catalog.generator import GeneratedTask, generate_taskset
 from services.catalog.index import delete_tasks_except, stored_rows, upsert_tasks
@@ -76,10 +77,10 @@ async def publish_taskset(
     fresh = [p for p in todo if p.task.task_id not in rejected]
     for p in fresh:
         await store.put_bytes(
-            _key(name, p.task.task_id, "repo.tar.gz"), p.repo, content_type="application/gzip"
+            taskset_object(name, p.task.task_id, "repo.tar.gz"), p.repo, content_type="application/gzip"
         )
         await store.put_bytes(
-            _key(name, p.task.task_id, "hidden.tar.gz"), p.hidden, content_type="application/gzip"
+            taskset_object(name, p.task.task_id, "hidden.tar.gz"), p.hidden, content_type="application/gzip"
         )
     now = datetime.now(UTC)
     async with sessionmaker() as session, session.begin():
@@ -98,10 +99,6 @@ async def publish_taskset(
     )
 
 
-def _key(taskset: str, task_id: str, filename: str) -> str:
-    return f"tasksets/{taskset}/{task_id}/{filename}"
-
-
 def _ref(store: ObjectStore, key: str, data: bytes) -> dict[str, Any]:
     return {"uri": store.uri(key), "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
 
@@ -113,8 +110,8 @@ def _pack(task: GeneratedTask, *, store: ObjectStore) -> _Packed:
         "difficulty": task.difficulty,
         "family": task.family,
         "statement": task.statement,
-        "snapshot": _ref(store, _key(task.taskset, task.task_id, "repo.tar.gz"), repo),
-        "hidden_tests": _ref(store, _key(task.taskset, task.task_id, "hidden.tar.gz"), hidden),
+        "snapshot": _ref(store, taskset_object(task.taskset, task.task_id, "repo.tar.gz"), repo),
+        "hidden_tests": _ref(store, taskset_object(task.taskset, task.task_id, "hidden.tar.gz"), hidden),
         "test_command": list(task.test_command),
         "reference_patch": task.reference_patch,
     }
@@ -122,7 +119,7 @@ def _pack(task: GeneratedTask, *, store: ObjectStore) -> _Packed:
 
 
 async def _objects_exist(store: ObjectStore, p: _Packed) -> bool:
-    keys = [_key(p.task.taskset, p.task.task_id, name) for name in ("repo.tar.gz", "hidden.tar.gz")]
+    keys = [taskset_object(p.task.taskset, p.task.task_id, name) for name in ("repo.tar.gz", "hidden.tar.gz")]
     return all([await store.exists(key) for key in keys])
 
 

@@ -6,14 +6,13 @@ from crucible.contracts import subjects
 from crucible.contracts.messages import CheckpointReply, CheckpointRequest, CommitReply, CommitRequest
 from crucible.runtime import Runtime
 from services.checkpoints import versions
+from services.checkpoints.metrics import RETENTION_FAILURES, RETIRED
 from services.checkpoints.retention import apply_retention
 from services.checkpoints.settings import Settings
 
-QUEUE = "checkpoints"
 
-
-async def setup(rt: Runtime) -> None:
-    settings: Settings = rt.settings  # type: ignore[assignment]
+async def setup(rt: Runtime[Settings]) -> None:
+    settings = rt.settings
 
     async def on_commit(request: CommitRequest) -> CommitReply:
         manifest = request.manifest
@@ -29,8 +28,10 @@ async def setup(rt: Runtime) -> None:
                 full_every=settings.full_every,
             )
         except Exception as exc:  # the commit stands; the next one retries retention
+            RETENTION_FAILURES.inc()
             rt.log.warning("retention failed", run_id=manifest.run_id, error=repr(exc))
         else:
+            RETIRED.inc(len(retired))
             if retired:
                 rt.log.info("retired versions", run_id=manifest.run_id, versions=retired)
         return CommitReply(manifest=ref)
@@ -41,5 +42,5 @@ async def setup(rt: Runtime) -> None:
         )
         return CheckpointReply(manifest=manifest)
 
-    await rt.bus.serve(subjects.CHECKPOINTS_COMMIT, on_commit, CommitRequest, queue=QUEUE)
-    await rt.bus.serve(subjects.CHECKPOINTS_GET, on_get, CheckpointRequest, queue=QUEUE)
+    await rt.bus.serve(subjects.CHECKPOINTS_COMMIT, on_commit, CommitRequest, queue=subjects.CHECKPOINTS_QUEUE)
+    await rt.bus.serve(subjects.CHECKPOINTS_GET, on_get, CheckpointRequest, queue=subjects.CHECKPOINTS_QUEUE)

@@ -6,7 +6,7 @@ and then a delta's base must outlive it (the `full_every` versions are those bas
 
 from __future__ import annotations
 
-from crucible.clients.checkpoints import version_prefix, weights_prefix
+from crucible.contracts.keys import version_prefix, weights_prefix
 from crucible.objectstore import ObjectStore
 
 

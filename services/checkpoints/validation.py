@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from crucible.bus import RequestError
-from crucible.clients.checkpoints import version_prefix
+from crucible.contracts.keys import version_prefix
 from crucible.contracts.messages import WeightsManifest
 from crucible.objectstore import parse_uri
 

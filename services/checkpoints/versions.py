@@ -8,13 +8,14 @@ crash, and an identical re-commit re-publishes with the same message ids, which 
 from __future__ import annotations
 
 import hashlib
-import time
 
 from crucible.bus import Bus, RequestError
-from crucible.clients.checkpoints import manifest_key
 from crucible.contracts import ContractError, decode, encode, subjects
-from crucible.contracts.messages import Event, ObjectRef, WeightsAnnounced, WeightsManifest
+from crucible.contracts.events import CheckpointPublished, Event
+from crucible.contracts.keys import manifest_key
+from crucible.contracts.messages import ObjectRef, WeightsAnnounced, WeightsManifest
 from crucible.objectstore import ObjectNotFound, ObjectStore
+from services.checkpoints.metrics import ANNOUNCED, COMMITTED_BYTES
 from services.checkpoints.shards import verify_shards
 from services.checkpoints.validation import check_manifest, check_run_id, same_weights
 
@@ -85,20 +86,17 @@ async def announce(*, bus: Bus, manifest: WeightsManifest, ref: ObjectRef) -> No
     run_id, version = manifest.run_id, manifest.version
     announced = WeightsAnnounced(run_id=run_id, version=version, step=manifest.step, manifest=ref)
     await bus.publish(subjects.weights_announced(run_id), announced, msg_id=f"{run_id}/weights/{version}")
-    event = Event(
-        run_id=run_id,
-        kind="checkpoint",
-        ts=time.time(),
-        source="checkpoints",
-        data={
-            "version": version,
-            "step": manifest.step,
-            "manifest_uri": ref.uri,
-            "num_tensors": len(manifest.tensors),
-            "size_bytes": sum(s.size for s in manifest.shards),
-        },
+    published = CheckpointPublished(
+        version=version,
+        step=manifest.step,
+        manifest_uri=ref.uri,
+        num_tensors=len(manifest.tensors),
+        size_bytes=sum(s.size for s in manifest.shards),
     )
-    await bus.publish(subjects.events(run_id, "checkpoint"), event, msg_id=f"{run_id}/checkpoint/{version}")
+    event = Event.now(run_id, published, source="checkpoints")
+    await bus.publish(event.subject, event, msg_id=event.msg_id)
+    ANNOUNCED.inc()
+    COMMITTED_BYTES.inc(published.size_bytes)
 
 
 async def get(*, bus: Bus, store: ObjectStore, run_id: str, version: int | None) -> WeightsManifest:

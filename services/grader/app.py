@@ -9,12 +9,9 @@ from crucible.runtime import Runtime
 from services.grader.settings import Settings
 from services.grader.worker import handle_trajectory
 
-FILTER = subjects.STREAMS[subjects.ROLLOUTS][0]  # every run's trajectories
 
-
-async def setup(rt: Runtime) -> None:
+async def setup(rt: Runtime[Settings]) -> None:
     settings = rt.settings
-    assert isinstance(settings, Settings)
 
     async def on_trajectory(trajectory: Trajectory, delivery: Delivery) -> None:
         await handle_trajectory(
@@ -25,7 +22,7 @@ async def setup(rt: Runtime) -> None:
         consume = rt.bus.consume(
             stream=subjects.ROLLOUTS,
             durable=subjects.GRADER_DURABLE,
-            filter_subject=FILTER,
+            filter_subject=subjects.STREAMS[subjects.ROLLOUTS].all_subjects,
             handler=on_trajectory,
             message_type=Trajectory,
             stop=rt.stopping,

@@ -7,10 +7,7 @@ The Redis marker only spares a redelivered trajectory the sandbox work; losing R
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import time
-from collections.abc import AsyncIterator
 
 import redis.asyncio as aioredis
 import structlog
@@ -18,31 +15,13 @@ from redis.exceptions import RedisError
 
 from crucible.bus import Bus, Delivery
 from crucible.contracts import subjects
+from crucible.contracts.keys import graded_claim_prefix, graded_key
 from crucible.contracts.messages import GradedTrajectory, Trajectory
-from crucible.coordination import graded_key
 from services.grader.grading import grade
 from services.grader.metrics import GRADE_SECONDS, REWARD, TRAJECTORIES
 from services.grader.settings import Settings
 
 log = structlog.get_logger("crucible.grader")
-
-
-@contextlib.asynccontextmanager
-async def heartbeat(delivery: Delivery, *, every_s: float) -> AsyncIterator[None]:
-    """Keep extending the ack deadline while the body runs."""
-
-    async def beat() -> None:
-        while True:
-            await asyncio.sleep(every_s)
-            await delivery.in_progress()
-
-    task = asyncio.create_task(beat())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
 
 
 async def already_graded(*, redis: aioredis.Redis, trajectory_id: str) -> bool:
@@ -60,11 +39,6 @@ async def mark_graded(*, redis: aioredis.Redis, trajectory_id: str, ttl_s: int) 
         log.warning("redis unavailable; graded marker not set", error=str(exc))
 
 
-def graded_claim_prefix(trajectory: Trajectory) -> str:
-    """Where a graded message too big for the bus is parked."""
-    return f"runs/{trajectory.run_id}/trajectories/{trajectory.trajectory_id}/graded"
-
-
 async def handle_trajectory(
     *, trajectory: Trajectory, delivery: Delivery, bus: Bus, redis: aioredis.Redis, settings: Settings
 ) -> None:
@@ -77,13 +51,13 @@ async def handle_trajectory(
         bound.info("already graded; skipped")
         return
     started = time.monotonic()
-    async with heartbeat(delivery, every_s=settings.heartbeat_s):
+    async with delivery.keep_alive(every_s=settings.heartbeat_s):
         reward = await grade(bus=bus, trajectory=trajectory, settings=settings)
     graded = GradedTrajectory(
         trajectory=trajectory, reward=reward, graded_at=time.time(), grader_replica=settings.replica
     )
     fresh = await bus.publish(
-        subjects.graded(trajectory.run_id), graded, msg_id=tid, claim_prefix=graded_claim_prefix(trajectory)
+        subjects.graded(trajectory.run_id), graded, msg_id=tid, claim_prefix=graded_claim_prefix(trajectory.run_id, tid)
     )
     await mark_graded(redis=redis, trajectory_id=tid, ttl_s=settings.graded_key_ttl_s)
     GRADE_SECONDS.observe(time.monotonic() - started)

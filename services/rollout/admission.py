@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import redis.asyncio as aioredis
 
-from crucible.contracts.messages import RunConfig
-from crucible.coordination import DAY_S, admitted_key, finished_key
+from crucible.contracts.keys import DAY_S, admitted_key, finished_key
+from crucible.contracts.runconfig import RunConfig
 from crucible.rl.staleness import admission_limit
 
 # Atomically take the next group index if it is below the limit.
@@ -19,7 +19,7 @@ return n
 
 def group_budget(config: RunConfig) -> int:
     """Groups a run needs, plus one step's worth of spare for groups lost to failures."""
-    return (config.max_steps + 1) * config.groups_per_step
+    return (config.schedule.max_steps + 1) * config.schedule.groups_per_step
 
 
 async def try_admit(*, redis: aioredis.Redis, run_id: str, config: RunConfig, version: int) -> int | None:
@@ -27,9 +27,9 @@ async def try_admit(*, redis: aioredis.Redis, run_id: str, config: RunConfig, ve
     limit = min(
         admission_limit(
             version=version,
-            max_staleness=config.max_staleness,
-            groups_per_step=config.groups_per_step,
-            publish_every=config.publish_every,
+            max_staleness=config.schedule.max_staleness,
+            groups_per_step=config.schedule.groups_per_step,
+            publish_every=config.schedule.publish_every,
         ),
         group_budget(config),
     )

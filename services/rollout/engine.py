@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from crucible.agent import grammar, tokenizer
-from crucible.contracts.messages import RunConfig
+from crucible.contracts.runconfig import RunConfig
 from crucible.model import PRESETS, KVCache, Transformer, build_model
 
 
@@ -46,9 +46,9 @@ class EpisodeState:
 class PolicyEngine:
     def __init__(self, *, config: RunConfig, max_context: int) -> None:
         self.config = config
-        self.model_config = PRESETS[config.model_preset]
+        self.model_config = PRESETS[config.model.preset]
         if self.model_config.vocab_size != tokenizer.VOCAB_SIZE:
-            raise ValueError(f"preset {config.model_preset!r} has vocab {self.model_config.vocab_size}")
+            raise ValueError(f"preset {config.model.preset!r} has vocab {self.model_config.vocab_size}")
         self.max_context = min(max_context, self.model_config.max_seq_len)
         self._current: tuple[Transformer, int] | None = None
         self._swap_lock = threading.Lock()
@@ -59,7 +59,7 @@ class PolicyEngine:
         return -1 if self._current is None else self._current[1]
 
     def _build(self) -> Transformer:
-        model = build_model(self.model_config, precision=self.config.precision, seed=self.config.seed)
+        model = build_model(self.model_config, precision=self.config.model.precision, seed=self.config.seed)
         model.eval()
         model.requires_grad_(False)
         return model
@@ -94,7 +94,7 @@ class PolicyEngine:
 
         Returns (tool name, argument text, context_exhausted).
         """
-        budget = self.config.max_action_tokens
+        budget = self.config.agent.max_action_tokens
         name: str | None = None
         args: list[int] = []
         constraint = grammar.TOOL
@@ -104,7 +104,7 @@ class PolicyEngine:
             model, version = self._current  # type: ignore[misc]
             logits = self._feed(model, state)
             logp = grammar.constrained_logprobs(
-                logits, torch.tensor(constraint), temperature=self.config.temperature
+                logits, torch.tensor(constraint), temperature=self.config.agent.temperature
             )
             token = int(torch.multinomial(logp.exp(), 1, generator=generator))
             state.tokens.append(token)

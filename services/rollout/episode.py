@@ -10,8 +10,9 @@ import torch
 
 from crucible.agent import tokenizer
 from crucible.clients.sandbox import SandboxSession
-from crucible.contracts.messages import RunConfig, TaskSpec, ToolCall, Trajectory
+from crucible.contracts.messages import TaskSpec, ToolCall, Trajectory
 from crucible.contracts.packing import pack
+from crucible.contracts.runconfig import RunConfig
 from services.rollout.engine import EpisodeState, PolicyEngine
 
 SYSTEM_PROMPT = (
@@ -64,11 +65,11 @@ async def run_episode(
     generator = torch.Generator().manual_seed(seed)
     state: EpisodeState = engine.new_episode()
     prompt = SYSTEM_PROMPT + "Task: " + task.statement
-    prompt_limit = min(4 * config.max_observation_bytes, engine.max_context // 2)
+    prompt_limit = min(4 * config.agent.max_observation_bytes, engine.max_context // 2)
     state.append_env([tokenizer.BOS, *observation(prompt, limit=prompt_limit)], engine.version)
     calls: list[ToolCall] = []
     finish = "max_turns"
-    for turn in range(config.max_turns):
+    for turn in range(config.agent.max_turns):
         state.append_env([tokenizer.ACT], engine.version)
         start = len(state)
         name, args, exhausted = await asyncio.to_thread(engine.sample_action, state, generator=generator)
@@ -88,7 +89,7 @@ async def run_episode(
         if room <= 8:
             finish = "context"
             break
-        state.append_env(observation(text, limit=min(config.max_observation_bytes, room)), engine.version)
+        state.append_env(observation(text, limit=min(config.agent.max_observation_bytes, room)), engine.version)
     state.append_env([tokenizer.EOS], engine.version)
     await asyncio.to_thread(engine.finish, state)
     diff = await session.diff()

@@ -11,17 +11,23 @@ from crucible.contracts import subjects
 from crucible.contracts.messages import RunCreated
 from crucible.runtime import Runtime
 from services.trainer.job import RunJob
+from services.trainer.metrics import RUNS
 from services.trainer.settings import Settings
 
 
-async def setup(rt: Runtime) -> None:
-    settings: Settings = rt.settings  # type: ignore[assignment]
+async def setup(rt: Runtime[Settings]) -> None:
+    settings = rt.settings
     torch.set_num_threads(settings.torch_threads)
 
     async def on_run(created: RunCreated, delivery: Delivery) -> None:
         rt.log.info("training run", run_id=created.run_id, attempt=delivery.attempt)
         delivery.hold()  # acked by the job when the run is finished
-        await RunJob(rt=rt, created=created).run(delivery)
+        delivery.keep_alive(every_s=settings.heartbeat_s)
+        RUNS.inc()
+        try:
+            await RunJob(rt=rt, created=created).run(delivery)
+        finally:
+            RUNS.dec()
 
     rt.spawn(
         rt.bus.consume(

@@ -15,20 +15,23 @@ import io
 import time
 from dataclasses import dataclass, field
 
+import msgspec
 import torch
 
 from crucible.bus import Delivery
 from crucible.clients.checkpoints import publish_weights
 from crucible.contracts import ContractError, subjects
-from crucible.contracts.messages import Event, GradedTrajectory, RunCreated, RunFinished
+from crucible.contracts.events import Event, EventPayload, RunStatus, StepReport
+from crucible.contracts.keys import finished_key, trainer_state_key
+from crucible.contracts.messages import GradedTrajectory, RunCreated, RunFinished
 from crucible.contracts.packing import unpack
-from crucible.coordination import finished_key
 from crucible.model import PRESETS, build_model
 from crucible.objectstore import ObjectNotFound
 from crucible.rl.advantages import group_relative_advantages
 from crucible.rl.staleness import staleness
 from crucible.runtime import Runtime
 from services.trainer.batch import collate, validate
+from services.trainer.metrics import STEP_SECONDS, STEPS, TRAJECTORIES, VERSION
 from services.trainer.settings import Settings
 from services.trainer.step import train_step
 
@@ -42,29 +45,25 @@ class Group:
 
 
 class RunJob:
-    def __init__(self, *, rt: Runtime, created: RunCreated) -> None:
+    def __init__(self, *, rt: Runtime[Settings], created: RunCreated) -> None:
         self.rt = rt
-        self.settings: Settings = rt.settings  # type: ignore[assignment]
+        self.settings = rt.settings
         self.run_id = created.run_id
         self.config = created.config
-        self.model = build_model(PRESETS[self.config.model_preset], precision=self.config.precision, seed=self.config.seed)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.learning_rate, weight_decay=0.0)
+        self.model = build_model(PRESETS[self.config.model.preset], precision=self.config.model.precision, seed=self.config.seed)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.optim.learning_rate, weight_decay=0.0)
         self.step = 0
         self.version = -1
         self.trained: set[str] = set()
-        self.last_step_event: dict | None = None
+        self.last_step: StepReport | None = None
         self.groups: dict[str, Group] = {}
         self.in_step: list[Delivery] = []
         self.arrived = asyncio.Event()
         self.stop_consuming = asyncio.Event()
 
-    @property
-    def state_key(self) -> str:
-        return f"runs/{self.run_id}/trainer/state.pt"
-
     async def _resume(self) -> None:
         try:
-            data = await self.rt.store.get_bytes(self.rt.store.uri(self.state_key), verify=False)
+            data = await self.rt.store.get_bytes(self.rt.store.uri(trainer_state_key(self.run_id)), verify=False)
         except ObjectNotFound:
             return
         state = torch.load(io.BytesIO(data), weights_only=True)
@@ -72,7 +71,8 @@ class RunJob:
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.version = int(state["step"]), int(state["version"])
         self.trained = set(state["trained"])
-        self.last_step_event = state.get("last_step_event")
+        if state.get("last_step"):
+            self.last_step = msgspec.convert(state["last_step"], StepReport)
         self.rt.log.info("resumed run", run_id=self.run_id, step=self.step, version=self.version)
 
     async def _save_state(self) -> None:
@@ -83,10 +83,10 @@ class RunJob:
             "step": self.step,
             "version": self.version,
             "trained": sorted(self.trained),
-            "last_step_event": self.last_step_event,
+            "last_step": msgspec.to_builtins(self.last_step) if self.last_step else None,
         }
         await asyncio.to_thread(torch.save, state, buffer)
-        await self.rt.store.put_bytes(self.state_key, buffer.getvalue())
+        await self.rt.store.put_bytes(trainer_state_key(self.run_id), buffer.getvalue())
 
     async def _publish(self) -> None:
         """Publish the current weights as `self.version`, retrying while the checkpoints service is away."""
@@ -103,11 +103,12 @@ class RunJob:
                     raise
                 self.rt.log.warning("publishing weights failed; retrying", run_id=self.run_id, error=repr(exc))
                 await asyncio.sleep(2**attempt)
+        VERSION.labels(self.run_id).set(self.version)
         self.rt.log.info("published weights", run_id=self.run_id, version=self.version, step=self.step)
 
-    async def _event(self, kind: str, data: dict, msg_id: str | None = None) -> None:
-        event = Event(run_id=self.run_id, kind=kind, ts=time.time(), data=data, source=self.settings.replica)
-        await self.rt.bus.publish(subjects.events(self.run_id, kind.replace(".", "_")), event, msg_id=msg_id)
+    async def _event(self, data: EventPayload) -> None:
+        event = Event.now(self.run_id, data, source=self.settings.replica)
+        await self.rt.bus.publish(event.subject, event, msg_id=event.msg_id)
 
     async def on_graded(self, graded: GradedTrajectory, delivery: Delivery) -> None:
         trajectory = graded.trajectory
@@ -117,31 +118,25 @@ class RunJob:
         if trajectory.trajectory_id in self.trained:
             return  # trained before a restart; acked now
         delivery.hold()
+        delivery.keep_alive(every_s=self.settings.heartbeat_s)
         group = self.groups.setdefault(trajectory.group_id, Group())
-        group.members[trajectory.trajectory_id] = (graded, delivery)  # a redelivery replaces the old handle
+        replaced = group.members.get(trajectory.trajectory_id)
+        if replaced is not None:  # a redelivery replaces the old handle
+            replaced[1].stop_keep_alive()
+        group.members[trajectory.trajectory_id] = (graded, delivery)
         self.arrived.set()
 
     def _ready_groups(self) -> list[str]:
-        size, now = self.config.group_size, time.monotonic()
+        size, now = self.config.schedule.group_size, time.monotonic()
         timeout = self.settings.group_timeout_s
         return [
             gid
             for gid, g in sorted(self.groups.items(), key=lambda item: item[1].first_seen)
             if len(g.members) >= size or (len(g.members) >= 2 and now - g.first_seen > timeout)
-        ][: self.config.groups_per_step]
-
-    async def _heartbeat(self, run_delivery: Delivery) -> None:
-        while not self.stop_consuming.is_set():
-            await asyncio.sleep(self.settings.heartbeat_s)
-            held = [d for g in list(self.groups.values()) for _, d in list(g.members.values())]
-            for delivery in [run_delivery, *self.in_step, *held]:
-                try:
-                    await delivery.in_progress()
-                except Exception as exc:  # an already-acked message, or a reconnect in progress
-                    self.rt.log.debug("could not extend a deadline", error=repr(exc))
+        ][: self.config.schedule.groups_per_step]
 
     async def run(self, run_delivery: Delivery) -> None:
-        heartbeat = asyncio.create_task(self._heartbeat(run_delivery))
+        """Train the run to its end; `run_delivery` (its RunCreated message) is held until then."""
         consumer: asyncio.Task | None = None
         try:
             await self._resume()
@@ -149,13 +144,13 @@ class RunJob:
                 self.version = 0
                 await self._save_state()
             await self._publish()  # v0, or a version saved but perhaps never announced before a crash
-            await self._event("run.status", {"status": "running"}, msg_id=f"{self.run_id}/status/running")
-            if self.last_step_event:  # saved with the state; its event may have been lost in a crash
-                await self._step_event(self.last_step_event)
+            await self._event(RunStatus(status="running"))
+            if self.last_step:  # saved with the state; its event may have been lost in a crash
+                await self._event(self.last_step)
             consumer = self.rt.spawn(self._consume(), name=f"graded-{self.run_id}")
-            while self.step < self.config.max_steps and not self.rt.stopping.is_set():
+            while self.step < self.config.schedule.max_steps and not self.rt.stopping.is_set():
                 ready = self._ready_groups()
-                if len(ready) < self.config.groups_per_step:
+                if len(ready) < self.config.schedule.groups_per_step:
                     self.arrived.clear()
                     try:
                         await asyncio.wait_for(self.arrived.wait(), timeout=1.0)
@@ -170,13 +165,13 @@ class RunJob:
             await self._finish(run_delivery)
         finally:
             self.stop_consuming.set()
-            heartbeat.cancel()
-            await asyncio.gather(*[t for t in (consumer, heartbeat) if t], return_exceptions=True)
+            if consumer is not None:
+                await asyncio.gather(consumer, return_exceptions=True)
 
     async def _consume(self) -> None:
         await self.rt.bus.consume(
             stream=subjects.GRADED,
-            durable=self.durable,
+            durable=subjects.trainer_run_durable(self.run_id),
             filter_subject=subjects.graded(self.run_id),
             handler=self.on_graded,
             message_type=GradedTrajectory,
@@ -187,12 +182,8 @@ class RunJob:
             max_deliver=100,  # held messages come back once per trainer restart
         )
 
-    @property
-    def durable(self) -> str:
-        return f"trainer-{self.run_id}"
-
     async def _finish(self, run_delivery: Delivery) -> None:
-        if self.step % self.config.publish_every:
+        if self.step % self.config.schedule.publish_every:
             self.version += 1
             await self._save_state()
             await self._publish()
@@ -201,7 +192,7 @@ class RunJob:
         )
         await self.rt.bus.publish(subjects.run_finished(self.run_id), finished, msg_id=f"{self.run_id}/finished")
         await self.rt.redis.set(finished_key(self.run_id), "1", ex=7 * 86400)
-        await self._event("run.status", {"status": "finished"}, msg_id=f"{self.run_id}/status/finished")
+        await self._event(RunStatus(status="finished"))
         self.stop_consuming.set()
         for group in self.groups.values():  # spare groups nobody needs any more: graded, never trained
             for _, delivery in group.members.values():
@@ -209,16 +200,16 @@ class RunJob:
         self.groups.clear()
         await run_delivery.ack()
         try:
-            await self.rt.bus.js.delete_consumer(subjects.GRADED, self.durable)
+            await self.rt.bus.js.delete_consumer(subjects.GRADED, subjects.trainer_run_durable(self.run_id))
         except Exception as exc:  # already gone, or the server is busy: it only costs a little memory
-            self.rt.log.warning("could not delete the run's consumer", durable=self.durable, error=repr(exc))
+            self.rt.log.warning("could not delete the run's consumer", durable=subjects.trainer_run_durable(self.run_id), error=repr(exc))
 
     async def _hand_back(self, run_delivery: Delivery) -> None:
         for group in self.groups.values():
             for _, delivery in group.members.values():
-                await delivery.msg.nak()
+                await delivery.nak()
         self.groups.clear()
-        await run_delivery.msg.nak()
+        await run_delivery.nak()
 
     async def _train(self, groups: list[Group]) -> None:
         started = time.perf_counter()
@@ -229,7 +220,7 @@ class RunJob:
             for g, _ in group.members.values():
                 sampled = [v for v, m in zip(unpack("u32", g.trajectory.versions), unpack("u8", g.trajectory.loss_mask)) if m]
                 lag = staleness(trainer_version=self.version, token_versions=sampled)
-                if lag > self.config.max_staleness:
+                if lag > self.config.schedule.max_staleness:
                     stale.append(g.trajectory.trajectory_id)
                     continue
                 kept.append(g)
@@ -240,6 +231,8 @@ class RunJob:
             rewards = torch.tensor([g.reward.total for g in kept])
             advantages.extend(group_relative_advantages(rewards).tolist())
             graded.extend(kept)
+        TRAJECTORIES.labels(self.run_id, "stale").inc(len(stale))
+        TRAJECTORIES.labels(self.run_id, "alone").inc(len(too_small))
         if not graded:
             self.rt.log.warning("no trainable trajectories in these groups", run_id=self.run_id, stale=len(stale))
             await self._ack_step()
@@ -249,12 +242,14 @@ class RunJob:
             model=self.model,
             optimizer=self.optimizer,
             batch=collate(graded, advantages),
-            clip_eps=self.config.clip_eps,
-            temperature=self.config.temperature,
+            clip_eps=self.config.optim.clip_eps,
+            temperature=self.config.agent.temperature,
         )
         self.step += 1
         self.trained.update(g.trajectory.trajectory_id for g in graded)
-        publish = self.step % self.config.publish_every == 0
+        STEPS.labels(self.run_id).inc()
+        TRAJECTORIES.labels(self.run_id, "trained").inc(len(graded))
+        publish = self.step % self.config.schedule.publish_every == 0
         rewards_all = [g.reward.total for g in graded]
         metrics.update(
             {
@@ -267,25 +262,23 @@ class RunJob:
                 "step_seconds": time.perf_counter() - started,
             }
         )
-        self.last_step_event = {
-            "step": self.step,
-            "version": self.version,  # the version the batch trained against
-            **metrics,
-            "trajectory_ids": [g.trajectory.trajectory_id for g in graded],
-            "dropped_stale_ids": stale,
-            "dropped_alone_ids": too_small,
-        }
+        STEP_SECONDS.observe(metrics["step_seconds"])
+        self.last_step = StepReport(
+            step=self.step,
+            version=self.version,  # the version the batch trained against
+            trajectory_ids=[g.trajectory.trajectory_id for g in graded],
+            dropped_stale_ids=stale,
+            dropped_alone_ids=too_small,
+            metrics=metrics,
+        )
         if publish:
             self.version += 1
         await self._save_state()
         if publish:
             await self._publish()
         await self._ack_step()
-        await self._step_event(self.last_step_event)
+        await self._event(self.last_step)
         self.rt.log.info("step", run_id=self.run_id, step=self.step, **{k: round(v, 4) for k, v in metrics.items()})
-
-    async def _step_event(self, data: dict) -> None:
-        await self._event("step", data, msg_id=f"{self.run_id}/step/{data['step']}")
 
     async def _ack_step(self) -> None:
         for delivery in self.in_step:

@@ -19,12 +19,8 @@ from crucible.localstack import LocalStack
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CONFIG = {
-    "group_size": 2,
-    "groups_per_step": 2,
-    "max_steps": 5,
-    "publish_every": 1,
-    "max_staleness": 1,
-    "max_turns": 2,
+    "schedule": {"group_size": 2, "groups_per_step": 2, "max_steps": 5, "publish_every": 1, "max_staleness": 1},
+    "agent": {"max_turns": 2},
 }
 
 
@@ -84,7 +80,8 @@ def test_short_run_through_every_service(tmp_path):
         client = httpx.Client(base_url=stack.api_url, timeout=30)
         nats_url = stack.settings_env["CRUCIBLE_NATS_URL"]
 
-        bad = client.post("/v1/runs", json={"name": "bad", "config": {"group_size": 0, "precision": "fp4"}})
+        bad = {"schedule": {"group_size": 0}, "model": {"precision": "fp4"}}
+        bad = client.post("/v1/runs", json={"name": "bad", "config": bad})
         assert bad.status_code == 422
         assert {"group_size", "precision"} <= {e["loc"][-1] for e in bad.json()["detail"]}
         assert client.get("/v1/runs/run-does-not-exist").status_code == 404
@@ -127,7 +124,8 @@ def test_short_run_through_every_service(tmp_path):
 
         # Nothing lost: everything that entered ROLLOUTS was graded; the only dead letter is the junk.
         assert state["dead_letters"] == 1
-        expected = (CONFIG["max_steps"] + 1) * CONFIG["groups_per_step"] * CONFIG["group_size"]
+        schedule = CONFIG["schedule"]
+        expected = (schedule["max_steps"] + 1) * schedule["groups_per_step"] * schedule["group_size"]
         assert len(trajectories) == state["graded"] == expected
         # Nothing twice: graded exactly once, trained at most once, and every step's ids are real.
         assert all(t["graded_count"] == 1 for t in trajectories)
@@ -136,11 +134,11 @@ def test_short_run_through_every_service(tmp_path):
         assert len(trained) == len(set(trained)) > 0
         assert set(trained) <= {t["trajectory_id"] for t in trajectories}
 
-        assert [s["step"] for s in steps] == list(range(1, CONFIG["max_steps"] + 1))
+        assert [s["step"] for s in steps] == list(range(1, schedule["max_steps"] + 1))
         assert {"loss", "reward_mean", "staleness_mean"} <= set(metrics)
-        assert len(metrics["loss"]) == CONFIG["max_steps"]
-        assert [c["version"] for c in checkpoints] == list(range(CONFIG["max_steps"] + 1))
-        assert all(s["staleness_max"] <= CONFIG["max_staleness"] for s in (st["metrics"] for st in steps))
+        assert len(metrics["loss"]) == schedule["max_steps"]
+        assert [c["version"] for c in checkpoints] == list(range(schedule["max_steps"] + 1))
+        assert all(s["staleness_max"] <= CONFIG["schedule"]["max_staleness"] for s in (st["metrics"] for st in steps))
 
         # Rollouts ran several weight versions, visible per token in the transcripts.
         versions = {v for t in trajectories for v in (t["version_min"], t["version_max"])}

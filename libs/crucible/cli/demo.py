@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -11,24 +12,37 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-DEMO_CONFIG: dict[str, Any] = {
-    "taskset": "pybugs",
-    "difficulties": [1, 2],
-    "model_preset": "tiny",
-    "precision": "bf16",
-    "group_size": 4,
-    "groups_per_step": 2,
-    "max_steps": 6,
-    "publish_every": 2,
-    "max_staleness": 1,
-    "max_turns": 3,
-}
+DEMO_CONFIG = """
+[tasks]
+taskset = "pybugs"
+difficulties = [1, 2]
+
+[model]
+preset = "tiny"
+precision = "bf16"
+
+[agent]
+max_turns = 3
+
+[schedule]
+group_size = 4
+groups_per_step = 2
+max_steps = 6
+publish_every = 2
+max_staleness = 1
+"""
+"""The demo run's config, before --config and --set (a config file replaces it whole)."""
 
 
 def demo(
-    steps: Annotated[int, typer.Option(help="Optimizer steps of the demo run.")] = 6,
-    precision: Annotated[str, typer.Option(help="bf16 or mxfp8.")] = "bf16",
-    seed: Annotated[int, typer.Option(help="Seed of the run (model init, task sampling).")] = 0,
+    config_file: Annotated[
+        Path | None,
+        typer.Option("--config", help="Run config (TOML) to use instead of the demo's.", dir_okay=False),
+    ] = None,
+    overrides: Annotated[
+        list[str] | None,
+        typer.Option("--set", help="Override one field, e.g. --set optim.learning_rate=1e-4 (repeatable)."),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only a machine-readable summary.")] = False,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 900.0,
     keep_running: Annotated[
@@ -38,10 +52,16 @@ def demo(
     """Start every service locally and train a tiny policy for a few steps."""
     import httpx
 
+    from crucible.contracts.runconfig import RunConfig
     from crucible.localstack import LocalStack
 
     console = Console(stderr=as_json, quiet=as_json)
-    config = {**DEMO_CONFIG, "max_steps": steps, "precision": precision, "seed": seed}
+    try:
+        text = config_file.read_text() if config_file else DEMO_CONFIG
+        config = RunConfig.from_toml(text, overrides=overrides or []).model_dump(mode="json")
+    except (OSError, ValueError) as exc:
+        typer.echo(f"crucible demo: bad run config ({config_file or 'the demo config'}): {exc}", err=True)
+        raise typer.Exit(2) from None
     started = time.monotonic()
     with console.status("starting NATS, S3, Redis, the database and seven services…"):
         stack = LocalStack(api_port=0).start()
@@ -111,7 +131,7 @@ def _follow(*, client, stack, run_id: str, console: Console, timeout: float) -> 
 def _table(run, steps, trajectories, checkpoints, elapsed: float) -> Table:
     last = steps[-1]["metrics"] if steps else {}
     table = Table(title=f"run {run['run_id']} — {run['status']}", show_header=False)
-    table.add_row("step", f"{len(steps)} / {run['config']['max_steps']}")
+    table.add_row("step", f"{len(steps)} / {run['config']['schedule']['max_steps']}")
     table.add_row("weight versions published", str(len(checkpoints)))
     table.add_row("trajectories graded", str(len(trajectories)))
     table.add_row("reward (last step mean)", f"{last.get('reward_mean', 0.0):.3f}")

@@ -1,11 +1,10 @@
 """Client side of the checkpoints service: the trainer publishes weights, rollouts load them.
 
 Weights are a manifest (every tensor's name, shape, dtype and shard) plus safetensors shards in the
-object store under `runs/<run>/weights/<version:06d>/`. The trainer uploads the shards itself and asks
-the service to commit them; the service verifies and announces. A loader checks every shard's sha256
+object store under `runs/<run>/weights/<version:06d>/` (see crucible.contracts.keys). The trainer
+uploads the shards itself and asks the service to commit them; the service verifies and announces. A loader checks every shard's sha256
 (the object store does) and every tensor against the manifest, so a rollout never runs weights other
-than the ones announced. torch is imported inside the functions that need it: the checkpoints service
-uses this module's layout helpers without installing torch.
+than the ones announced. torch is imported inside the functions that need it.
 """
 
 from __future__ import annotations
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from crucible.bus import Bus, RemoteError
 from crucible.contracts import subjects
+from crucible.contracts.keys import shard_key
 from crucible.contracts.messages import (
     CheckpointReply,
     CheckpointRequest,
@@ -39,22 +39,6 @@ DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 class WeightsError(RuntimeError):
     """Weights do not match their manifest (corrupt shard, missing or reshaped tensor), or a version
     is published again with other weights than the ones committed."""
-
-
-def weights_prefix(run_id: str) -> str:
-    return f"runs/{run_id}/weights/"
-
-
-def version_prefix(run_id: str, version: int) -> str:
-    return f"{weights_prefix(run_id)}{version:06d}/"
-
-
-def shard_key(run_id: str, version: int, index: int) -> str:
-    return f"{version_prefix(run_id, version)}shard-{index}.safetensors"
-
-
-def manifest_key(run_id: str, version: int) -> str:
-    return f"{version_prefix(run_id, version)}manifest.msgpack"
 
 
 def dtype_name(dtype: torch.dtype) -> str:

@@ -2,14 +2,15 @@
 
 Each struct carries a tag (`<name>.v<version>`) in its msgpack encoding, so a consumer that receives a
 message of the wrong type or version gets a clear decode error instead of a half-parsed object. Big
-arrays travel as packed little-endian bytes (see `packing`), never as lists of Python numbers.
+arrays travel as packed little-endian bytes (see `packing`), never as lists of Python numbers. Run
+history events are in `events`, the run configuration (a pydantic model, validated on decode) in `runconfig`.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
+
+from crucible.contracts.runconfig import RunConfig
 
 
 class Message(msgspec.Struct, kw_only=True, tag_field="type", forbid_unknown_fields=False):
@@ -22,27 +23,6 @@ class ObjectRef(msgspec.Struct, kw_only=True, frozen=True):
     uri: str  # s3://bucket/key
     sha256: str
     size: int
-
-
-class RunConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """Everything that defines a run. Validated at the REST edge; carried on RunCreated."""
-
-    taskset: str = "pybugs"
-    difficulties: list[int] = msgspec.field(default_factory=lambda: [1, 2])
-    model_preset: str = "tiny"
-    precision: str = "bf16"  # "bf16" | "mxfp8"
-    seed: int = 0
-    group_size: int = 4  # rollouts per task (group-relative advantages)
-    groups_per_step: int = 2  # groups in one optimizer step
-    max_steps: int = 6
-    publish_every: int = 2  # a new weight version every K optimizer steps
-    max_staleness: int = 2  # versions a token may lag the trainer's current version
-    learning_rate: float = 1e-3
-    clip_eps: float = 0.2
-    max_turns: int = 3
-    max_action_tokens: int = 40
-    max_observation_bytes: int = 200
-    temperature: float = 1.0
 
 
 class RunCreated(Message, tag="run.created.v1"):
@@ -202,21 +182,6 @@ class CheckpointRequest(Message, tag="checkpoints.get.v1"):
 
 class CheckpointReply(Message, tag="checkpoints.get_reply.v1"):
     manifest: WeightsManifest
-
-
-class Event(Message, tag="event.v1"):
-    """Run history: everything the api stores that is not a graded trajectory.
-
-    kinds the api stores: run.status {status, error?}, step {step, version, trajectory_ids, <numeric
-    metrics>...}, checkpoint {version, step, manifest_uri, num_tensors, size_bytes}. Rollouts also
-    publish rollout {replica, version, episodes, tokens_per_s, ...} for live observers.
-    """
-
-    run_id: str
-    kind: str
-    ts: float
-    data: dict[str, Any] = msgspec.field(default_factory=dict)
-    source: str = ""
 
 
 class DeadLetter(Message, tag="deadletter.v1"):

@@ -1,8 +1,14 @@
-"""Every subject and stream name on the bus, in one place.
+"""Every subject, stream, durable consumer and queue group name on the bus, in one place.
 
 Request/reply subjects are served by queue groups (one replica answers). Stream subjects are durable:
-JetStream keeps them until the consumers named here have acknowledged them.
+JetStream keeps them until the consumers named here have acknowledged them (a work queue) or until
+the stream's limits retire them.
 """
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
 
 # Request/reply (core NATS, queue groups).
 CATALOG_SAMPLE = "catalog.sample"
@@ -13,29 +19,59 @@ SANDBOX_CALL = "sandbox.{replica}.{verb}"
 CHECKPOINTS_COMMIT = "checkpoints.commit"
 CHECKPOINTS_GET = "checkpoints.get"
 
-# Streams: name -> subjects.
+# Queue groups: the replicas of one service share the request/reply subjects it serves.
+CATALOG_QUEUE = "catalog"
+SANDBOX_QUEUE = "sandbox"
+CHECKPOINTS_QUEUE = "checkpoints"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stream:
+    """A JetStream stream: the subjects it captures and how it retains them."""
+
+    name: str
+    subjects: tuple[str, ...]
+    retention: Literal["limits", "work_queue"] = "limits"
+    """work_queue: a message is removed once a consumer acknowledges it (each is worked on once);
+    limits: kept for every consumer, until the server's limits retire it."""
+
+    @property
+    def all_subjects(self) -> str:
+        """The filter that matches every subject of the stream."""
+        return self.subjects[0]
+
+
 RUNS = "RUNS"
-RUNS_CREATED_ALL = "runs.*.created"
 ROLLOUTS = "ROLLOUTS"
 GRADED = "GRADED"
 EVENTS = "EVENTS"
 WEIGHTS = "WEIGHTS"
 DEAD_LETTER = "DEADLETTER"
 
-STREAMS: dict[str, list[str]] = {
-    RUNS: ["runs.>"],
-    ROLLOUTS: ["rollouts.>"],
-    GRADED: ["graded.>"],
-    EVENTS: ["events.>"],
-    WEIGHTS: ["weights.>"],
-    DEAD_LETTER: ["deadletter.>"],
+STREAMS: dict[str, Stream] = {
+    stream.name: stream
+    for stream in (
+        Stream(name=RUNS, subjects=("runs.>",)),
+        Stream(name=ROLLOUTS, subjects=("rollouts.>",), retention="work_queue"),
+        Stream(name=GRADED, subjects=("graded.>",)),
+        Stream(name=EVENTS, subjects=("events.>",)),
+        Stream(name=WEIGHTS, subjects=("weights.>",)),
+        Stream(name=DEAD_LETTER, subjects=("deadletter.>",)),
+    )
 }
+RUNS_CREATED_ALL = "runs.*.created"
+WEIGHTS_ANNOUNCED_ALL = "weights.*.announced"
 
 # Durable consumer names.
 GRADER_DURABLE = "grader"
 TRAINER_DURABLE = "trainer"
 API_GRADED_DURABLE = "api-graded"
 API_EVENTS_DURABLE = "api-events"
+
+
+def trainer_run_durable(run_id: str) -> str:
+    """The trainer's consumer of one run's graded trajectories (deleted when the run ends)."""
+    return f"trainer-{run_id}"
 
 
 def run_created(run_id: str) -> str:
@@ -55,14 +91,12 @@ def graded(run_id: str) -> str:
 
 
 def events(run_id: str, kind: str) -> str:
-    return f"events.{run_id}.{kind}"
+    """Where a run's events of one kind go (a dot in the kind becomes '_': `run.status` -> run_status)."""
+    return f"events.{run_id}.{kind.replace('.', '_')}"
 
 
 def weights_announced(run_id: str) -> str:
     return f"weights.{run_id}.announced"
-
-
-WEIGHTS_ANNOUNCED_ALL = "weights.*.announced"
 
 
 def dead_letter(stream: str) -> str:

@@ -1,8 +1,9 @@
 """Schema migrations, run as an explicit step before services start (never at import or start-up).
 
-`upgrade(url)` is the sync entry point for the CLI (`python -m crucible.db.migrate upgrade`, see
-crucible.db.cli); `upgrade_async` runs inside an event loop (tests, the local launcher). Alembic is configured in code: the scripts live in the repository's migrations/
-folder, or wherever CRUCIBLE_MIGRATIONS_DIR points (container images copy it there).
+`upgrade(url)` is the sync entry point for the command line (`crucible db upgrade` or `python -m
+crucible.db upgrade`, see crucible.cli.db); `upgrade_async` runs inside an event loop (tests, the local
+launcher). Alembic is configured in code: the scripts live in the repository's migrations/ folder, or
+wherever CRUCIBLE_MIGRATIONS_DIR points (container images copy it there).
 """
 
 from __future__ import annotations
@@ -96,11 +97,5 @@ async def check_schema(engine: AsyncEngine) -> None:
         where = engine.url.render_as_string(hide_password=True)
         raise SchemaError(
             f"database {where} is at schema revision {current or 'none'}, this code needs {head}: "
-            "run `python -m crucible.db.migrate upgrade` (or `crucible db upgrade`) first"
+            "run `python -m crucible.db upgrade` (or `crucible db upgrade`) first"
         )
-
-
-if __name__ == "__main__":
-    from crucible.db.cli import cli
-
-    cli()

@@ -33,7 +33,6 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-RUN_STATUSES = ("created", "running", "finished", "failed")
 
 
 def utcnow() -> datetime:

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 
 class MigrationError(RuntimeError):
-    """`python -m crucible.db.migrate upgrade` failed; the message carries its output."""
+    """`python -m crucible.db upgrade` failed; the message carries its output."""
 
 
 def check_database_url(database_url: str) -> str:
@@ -27,7 +27,7 @@ def run_migrations(
     child_env = {**os.environ, **(env or {}), "CRUCIBLE_DATABASE_URL": check_database_url(database_url)}
     try:
         done = subprocess.run(
-            [sys.executable, "-m", "crucible.db.migrate", "upgrade"],
+            [sys.executable, "-m", "crucible.db", "upgrade"],
             check=False,
             env=child_env,
             stdin=subprocess.DEVNULL,

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import msgspec
 import pytest
 from httpx import AsyncClient
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from crucible.contracts import ContractError
-from crucible.contracts.messages import Event, GradedTrajectory
+from crucible.contracts import ContractError, decode
+from crucible.contracts.events import Event
+from crucible.contracts.messages import GradedTrajectory
 from crucible.db.models import Checkpoint, Step, Trajectory
 from services.api.records import apply_event, record_graded
 
@@ -23,11 +25,20 @@ async def graded(sessionmaker: Maker, message: GradedTrajectory) -> bool:
         return await record_graded(session=session, graded=message)
 
 
+STEP_FIELDS = {"step", "version", "trajectory_ids", "dropped_stale_ids", "dropped_alone_ids"}
+
+
 async def event(
     sessionmaker: Maker, run_id: str, kind: str, ts: float = 1_700_000_100.0, **data: object
 ) -> None:
+    """Apply an event as the api's consumer gets it: encoded on the wire, decoded as an Event (a step's
+    other fields are its metrics)."""
+    if kind == "step":
+        metrics = {k: v for k, v in data.items() if k not in STEP_FIELDS}
+        data = {k: v for k, v in data.items() if k in STEP_FIELDS} | {"metrics": metrics}
+    wire = {"type": "event.v2", "run_id": run_id, "ts": ts, "data": {"kind": kind, **data}}
     async with sessionmaker() as session:
-        await apply_event(session=session, event=Event(run_id=run_id, kind=kind, ts=ts, data=data))
+        await apply_event(session=session, event=decode(msgspec.msgpack.encode(wire), Event))
 
 
 async def test_transcript_shows_text_by_side_and_version_tool_calls_and_reward(
@@ -156,8 +167,8 @@ async def test_steps_metrics_checkpoints_and_status(
             reward_mean=0.1 * step,
             staleness_mean=0.5,
             tokens=100 * step,
-            note="text is not a series",
             trajectory_ids=[],
+            dropped_stale_ids=["t-old"],  # stored with the step, not a series
         )
     for _ in range(2):  # the same checkpoint announced twice is recorded once
         await event(
@@ -210,9 +221,10 @@ async def test_messages_about_unknown_runs_store_nothing(
 @pytest.mark.parametrize(
     ("kind", "data", "message"),
     [
-        ("step", {"version": 0}, "bad 'step' event for run .*: Object missing required field `step`"),
+        ("step", {"version": 0}, "not a valid Event: Object missing required field `step` - at `\\$.data`"),
         ("checkpoint", {"version": "one", "step": 1, "manifest_uri": "s3://x"}, "Expected `int`, got `str`"),
-        ("run.status", {"status": "paused"}, "unknown status 'paused'"),
+        ("run.status", {"status": "paused"}, "Invalid enum value 'paused'"),
+        ("step", {"step": 1, "version": 0, "note": "text"}, "Expected `float`, got `str`"),
     ],
 )
 async def test_invalid_event_content_is_a_contract_error(

@@ -9,13 +9,16 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from httpx import ASGITransport, AsyncClient
+from prometheus_client import REGISTRY
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crucible.bus import Bus
 from crucible.contracts import subjects
-from crucible.contracts.messages import DeadLetter, Event, GradedTrajectory, RunCreated
+from crucible.contracts.events import CheckpointPublished, Event, EventPayload, RunStatus, StepReport
+from crucible.contracts.messages import DeadLetter, GradedTrajectory, RunCreated
 from services.api.app import create_app
 from services.api.ingest import run_ingest
 from services.api.settings import Settings
@@ -99,6 +102,9 @@ async def test_history_arrives_over_the_bus_and_bad_messages_are_dead_lettered(
 ) -> None:
     announced = await collect(bus, subjects.RUNS_CREATED_ALL, RunCreated)
     dead = await collect(bus, subjects.dead_letter(subjects.EVENTS), DeadLetter)
+    created_count = {"method": "POST", "route": "/v1/runs", "status": "201"}
+    metrics_before = (metric("crucible_api_ingested_total", stream="GRADED"),
+                      metric("crucible_api_http_requests_total", **created_count))  # fmt: skip
     app = create_app(settings=Settings(), sessionmaker=sessionmaker, bus=bus)
     async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api") as client:
         created = await client.post("/v1/runs", json={"name": "bus", "config": {"seed": 5}})
@@ -107,19 +113,20 @@ async def test_history_arrives_over_the_bus_and_bad_messages_are_dead_lettered(
         run = await eventually(lambda: next((m for m in announced if m.run_id == run_id), None))
         assert run.config.seed == 5 and run.name == "bus"
 
-        async def emit(kind: str, **data: Any) -> None:
-            await bus.publish(
-                subjects.events(run_id, kind), Event(run_id=run_id, kind=kind, ts=1.0, data=data)
-            )
+        async def emit(data: EventPayload) -> None:
+            event = Event(run_id=run_id, ts=1.0, data=data)
+            await bus.publish(event.subject, event)
 
-        await emit("run.status", status="running")
+        await emit(RunStatus(status="running"))
         a, b = f"{run_id}-a", f"{run_id}-b"  # ids are unique on the bus: JetStream de-duplicates by them
         first = make_graded(run_id, a, reward=1.0)
         for message, msg_id in ((first, a), (first, a), (first, None), (make_graded(run_id, b), b)):
             await bus.publish(subjects.graded(run_id), message, msg_id=msg_id)
-        await emit("step", step=1, version=0, loss=0.25, trajectory_ids=[a, b])
+        await emit(StepReport(step=1, version=0, metrics={"loss": 0.25}, trajectory_ids=[a, b]))
         await emit(
-            "checkpoint", version=1, step=1, manifest_uri="s3://crucible/m.json", num_tensors=3, size_bytes=9
+            CheckpointPublished(
+                version=1, step=1, manifest_uri="s3://crucible/m.json", num_tensors=3, size_bytes=9
+            )
         )
 
         async def trajectories() -> list[dict]:
@@ -137,19 +144,28 @@ async def test_history_arrives_over_the_bus_and_bad_messages_are_dead_lettered(
 
         garbage = b"\xc1 not msgpack " + uuid.uuid4().bytes
         await bus.js.publish(subjects.events(run_id, "step"), garbage)
-        await emit("step", version=0)  # decodes, but the content is invalid
-        await emit("run.status", status="finished")
+        invalid = {"type": "event.v2", "run_id": run_id, "ts": 1.0, "data": {"kind": "step", "version": 0}}
+        await bus.js.publish(subjects.events(run_id, "step"), msgspec.msgpack.encode(invalid))
+        await emit(RunStatus(status="finished"))
 
         def ours() -> list[DeadLetter] | None:
             letters = [d for d in dead if d.payload == garbage or run_id.encode() in d.payload]
             return letters if len(letters) >= 2 else None
 
         reasons = [d.reason for d in await eventually(ours)]
-        assert any("not a valid Event" in r for r in reasons) and any(
-            "bad 'step' event" in r for r in reasons
+        assert any("not a valid Event: MessagePack data is malformed" in r for r in reasons) and any(
+            "missing required field `step` - at `$.data`" in r for r in reasons
         )
         finished = await eventually(lambda: _finished(client, run_id))
         assert finished["finished_at"] is not None
+    # Every delivery stored is counted (the duplicate without a message id too), and the REST request.
+    graded_stored = metric("crucible_api_ingested_total", stream="GRADED") - metrics_before[0]
+    assert graded_stored >= 3
+    assert metric("crucible_api_http_requests_total", **created_count) - metrics_before[1] == 1
+
+
+def metric(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
 
 
 async def _items(client: AsyncClient, path: str) -> list[dict]:

@@ -3,12 +3,11 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
-import msgspec
 import pytest
 from httpx import ASGITransport, AsyncClient
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from crucible.contracts.messages import RunConfig
+from crucible.contracts.runconfig import RunConfig
 from crucible.db import make_engine, make_sessionmaker
 from crucible.db.models import Run
 from crucible.localstack.processes import free_ports
@@ -20,12 +19,13 @@ pytestmark = pytest.mark.integration
 
 async def test_create_run_records_it_with_the_validated_config(client: AsyncClient) -> None:
     response = await client.post(
-        "/v1/runs", json={"name": " demo ", "config": {"seed": 7, "precision": "mxfp8"}}
+        "/v1/runs", json={"name": " demo ", "config": {"seed": 7, "model": {"precision": "mxfp8"}}}
     )
     assert response.status_code == 201, response.text
     run = response.json()
     assert run["run_id"].startswith("run-") and run["name"] == "demo" and run["status"] == "created"
-    assert run["config"] == msgspec.to_builtins(RunConfig(seed=7, precision="mxfp8"))
+    expected = RunConfig.model_validate({"seed": 7, "model": {"precision": "mxfp8"}})
+    assert run["config"] == expected.model_dump(mode="json") and run["config"]["schedule"]["group_size"] == 4
     fetched = await client.get(f"/v1/runs/{run['run_id']}")
     assert fetched.status_code == 200 and fetched.json() == run
 
@@ -39,14 +39,19 @@ async def test_create_run_records_it_with_the_validated_config(client: AsyncClie
             "Extra inputs are not permitted",
         ),
         (
-            {"name": "n", "config": {"group_size": 0}},
-            ["body", "config", "group_size"],
+            {"name": "n", "config": {"schedule": {"group_size": 0}}},
+            ["body", "config", "schedule", "group_size"],
             "greater than or equal to 1",
         ),
         (
-            {"name": "n", "config": {"model_preset": "huge"}},
-            ["body", "config", "model_preset"],
+            {"name": "n", "config": {"model": {"preset": "huge"}}},
+            ["body", "config", "model", "preset"],
             "unknown model preset",
+        ),
+        (
+            {"name": "n", "config": {"group_size": 2}},
+            ["body", "config"],
+            "`group_size` is now `schedule.group_size`",
         ),
         ({"config": {}}, ["body", "name"], "Field required"),
         ({"name": "n", "extra": True}, ["body", "extra"], "Extra inputs are not permitted"),

@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client import REGISTRY
 
 from crucible.bus import Bus, BusTimeout, RemoteError, RequestError
 from crucible.contracts import subjects
-from crucible.contracts.messages import DeadLetter, Event, SampleReply, SampleRequest, WeightsAnnounced
+from crucible.contracts.messages import DeadLetter, Message, SampleReply, SampleRequest, WeightsAnnounced
 from crucible.objectstore import ObjectStore
 
 pytestmark = pytest.mark.integration
@@ -25,8 +26,15 @@ async def bus(common_settings):
     await bus.close()
 
 
-def event(kind: str, **data) -> Event:
-    return Event(run_id="r1", kind=kind, ts=1.0, data=data)
+class Note(Message, tag="test.note.v1"):
+    """The bus is generic over message types; these tests use one of their own on the EVENTS stream."""
+
+    kind: str
+    blob: str = ""
+
+
+def event(kind: str, blob: str = "") -> Note:
+    return Note(kind=kind, blob=blob)
 
 
 async def consume_for(bus: Bus, seconds: float, handler, *, until=None, **kwargs) -> None:
@@ -38,7 +46,7 @@ async def consume_for(bus: Bus, seconds: float, handler, *, until=None, **kwargs
             durable=kwargs.pop("durable", "test"),
             filter_subject="events.>",
             handler=handler,
-            message_type=Event,
+            message_type=Note,
             stop=stop,
             **kwargs,
         )
@@ -63,7 +71,7 @@ async def test_consumer_dead_letters_bad_and_failing_messages_and_keeps_going(bu
     await bus.publish(subjects.events("r1", "ok"), event("ok"))
     handled: list[tuple[str, int]] = []
 
-    async def handler(message: Event, delivery) -> None:
+    async def handler(message: Note, delivery) -> None:
         if message.kind == "boom":
             raise ValueError("cannot handle boom")
         handled.append((message.kind, delivery.attempt))
@@ -77,7 +85,7 @@ async def test_consumer_dead_letters_bad_and_failing_messages_and_keeps_going(bu
 
         letters.append(decode(msg.data, DeadLetter))
     reasons = sorted(letter.reason for letter in letters)
-    assert any("not a valid Event" in r for r in reasons)
+    assert any("not a valid Note" in r for r in reasons)
     assert any("ValueError: cannot handle boom" in r for r in reasons)
     assert {letter.deliveries for letter in letters if "boom" in letter.reason} == {2}
 
@@ -86,19 +94,58 @@ async def test_unacked_message_is_redelivered_to_the_same_durable(bus):
     await bus.publish(subjects.events("r1", "work"), event("work"))
     seen: list[int] = []
 
-    async def hold_forever(message: Event, delivery) -> None:
+    async def hold_forever(message: Note, delivery) -> None:
         seen.append(delivery.attempt)
         delivery.hold()  # "crash": never ack
 
     await consume_for(bus, 10.0, hold_forever, ack_wait=1.0, until=lambda: seen)
 
-    async def finish(message: Event, delivery) -> None:
+    async def finish(message: Note, delivery) -> None:
         seen.append(delivery.attempt)
 
     await consume_for(bus, 10.0, finish, ack_wait=1.0, until=lambda: len(seen) >= 2)
     assert seen[0] == 1 and seen[-1] >= 2
     await consume_for(bus, 1.0, finish, ack_wait=1.0)
     assert len(seen) == 2  # acked: not delivered again
+
+
+@pytest.mark.parametrize("keep_alive", [True, False])
+async def test_keep_alive_holds_a_message_through_work_longer_than_the_ack_wait(bus, keep_alive):
+    """Two consumers share a durable; the first works 2.5 s on a message whose ack wait is 1 s. Kept
+    alive, the message is not handed to the second meanwhile; without it, it is (the control)."""
+    durable = f"keep-alive-{keep_alive}"
+    await bus.publish(subjects.events("r1", durable), event(durable))
+    seen: list[int] = []
+    done = asyncio.Event()
+
+    async def slow(message: Note, delivery) -> None:
+        if message.kind != durable:
+            return
+        seen.append(delivery.attempt)
+        if delivery.attempt > 1:
+            return
+        if keep_alive:
+            async with delivery.keep_alive(every_s=0.3):
+                await asyncio.sleep(2.5)  # the work itself
+        else:
+            await asyncio.sleep(2.5)
+        done.set()
+
+    stop = asyncio.Event()
+    consumers = [
+        asyncio.create_task(
+            bus.consume(
+                stream=subjects.EVENTS, durable=durable, filter_subject=subjects.events("r1", durable),
+                handler=slow, message_type=Note, stop=stop, ack_wait=1.0,
+            )
+        )
+        for _ in range(2)
+    ]  # fmt: skip
+    await asyncio.wait_for(done.wait(), timeout=30)
+    stop.set()
+    await asyncio.gather(*consumers)
+    await bus.js.delete_consumer(subjects.EVENTS, durable)
+    assert seen == [1] if keep_alive else seen[:2] == [1, 2]
 
 
 async def test_large_message_travels_by_claim_check(bus):
@@ -108,7 +155,7 @@ async def test_large_message_travels_by_claim_check(bus):
     assert len(parked) == 1 and parked[0].endswith(".msgpack")
     raw = await bus.js.get_last_msg(subjects.EVENTS, subjects.events("r1", "big"))
     assert len(raw.data) < 1000
-    assert await bus.latest(subjects.EVENTS, subjects.events("r1", "big"), Event) == big
+    assert await bus.latest(subjects.EVENTS, subjects.events("r1", "big"), Note) == big
 
 
 async def test_request_reply_errors_are_clear_and_the_server_keeps_serving(bus):
@@ -119,6 +166,11 @@ async def test_request_reply_errors_are_clear_and_the_server_keeps_serving(bus):
             raise RuntimeError("bug")
         return SampleReply(tasks=[])
 
+    def answered(result: str) -> float:
+        labels = {"subject": subjects.CATALOG_SAMPLE, "result": result}
+        return REGISTRY.get_sample_value("crucible_bus_requests_total", labels) or 0.0
+
+    before = {result: answered(result) for result in ("ok", "bad_count", "internal", "bad_request")}
     await bus.serve(subjects.CATALOG_SAMPLE, handler, SampleRequest, queue="catalog")
     with pytest.raises(RemoteError) as bad:
         await bus.request(subjects.CATALOG_SAMPLE, SampleRequest(run_id="r", taskset="t", count=-1), SampleReply)
@@ -131,6 +183,7 @@ async def test_request_reply_errors_are_clear_and_the_server_keeps_serving(bus):
     assert wrong_type.value.code == "bad_request"
     reply = await bus.request(subjects.CATALOG_SAMPLE, SampleRequest(run_id="r", taskset="t"), SampleReply)
     assert reply == SampleReply(tasks=[])
+    assert {result: answered(result) - n for result, n in before.items()} == dict.fromkeys(before, 1.0)
     started = asyncio.get_running_loop().time()
     with pytest.raises(BusTimeout, match="no service answers nobody.home"):
         await bus.request("nobody.home", SampleRequest(run_id="r", taskset="t"), SampleReply, timeout=30)
@@ -163,7 +216,7 @@ async def test_a_message_never_acked_is_dead_lettered_not_dropped(bus):
     await bus.publish(subjects.events("r1", "stuck"), event("stuck"))
     attempts: list[int] = []
 
-    async def never_acks(message: Event, delivery) -> None:
+    async def never_acks(message: Note, delivery) -> None:
         attempts.append(delivery.attempt)
         delivery.hold()
 

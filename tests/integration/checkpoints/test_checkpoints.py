@@ -9,19 +9,13 @@ import pytest
 import torch
 
 from crucible.bus import RemoteError
-from crucible.clients.checkpoints import (
-    WeightsError,
-    get_manifest,
-    load_weights,
-    manifest_key,
-    publish_weights,
-    shard_key,
-)
+from crucible.clients.checkpoints import WeightsError, get_manifest, load_weights, publish_weights
 from crucible.contracts import decode, subjects
+from crucible.contracts.events import CheckpointPublished, Event
+from crucible.contracts.keys import manifest_key, shard_key
 from crucible.contracts.messages import (
     CommitReply,
     CommitRequest,
-    Event,
     TensorEntry,
     WeightsAnnounced,
     WeightsManifest,
@@ -68,11 +62,14 @@ async def test_commit_stores_manifest_and_announces(bus, store):
     assert decode(await store.get_bytes(announced.manifest), WeightsManifest) == manifest
 
     event = await bus.latest(subjects.EVENTS, subjects.events(run_id, "checkpoint"), Event)
-    assert event.kind == "checkpoint"
-    assert event.data["version"] == 0
-    assert event.data["manifest_uri"] == announced.manifest.uri
-    assert event.data["num_tensors"] == 4
-    assert event.data["size_bytes"] == sum(s.size for s in manifest.shards)
+    assert event.kind == "checkpoint" and event.msg_id == f"{run_id}/checkpoint/0"
+    assert event.data == CheckpointPublished(
+        version=0,
+        step=0,
+        manifest_uri=announced.manifest.uri,
+        num_tensors=4,
+        size_bytes=sum(s.size for s in manifest.shards),
+    )
 
     await publish_weights(bus=bus, store=store, run_id=run_id, version=1, step=2, state_dict=state_dict(1))
     assert (await get_manifest(bus=bus, run_id=run_id)).version == 1

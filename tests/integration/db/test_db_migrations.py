@@ -62,7 +62,7 @@ async def test_check_schema_tells_how_to_migrate(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}"
     engine = make_engine(url)
     try:
-        with pytest.raises(SchemaError, match=r"revision none.*crucible\.db\.migrate upgrade"):
+        with pytest.raises(SchemaError, match=r"revision none.*crucible\.db upgrade"):
             await check_schema(engine)
         await upgrade_async(url)
         await check_schema(engine)
@@ -73,7 +73,7 @@ async def test_check_schema_tells_how_to_migrate(tmp_path: Path) -> None:
 def test_cli_upgrades_and_reports_the_revision(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'cli' / 'crucible.db'}"
     env = {**os.environ, "CRUCIBLE_DATABASE_URL": url}
-    cmd = [sys.executable, "-m", "crucible.db.migrate"]
+    cmd = [sys.executable, "-m", "crucible.db"]
     subprocess.run([*cmd, "upgrade"], env=env, check=True, capture_output=True, timeout=60)
     out = subprocess.run([*cmd, "current"], env=env, check=True, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == f"current: {head_revision()}  head: {head_revision()}"

@@ -16,6 +16,7 @@ from prometheus_client import REGISTRY
 from crucible.bus import Bus
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts import decode, packing, subjects
+from crucible.contracts.keys import graded_key
 from crucible.contracts.messages import (
     GradedTrajectory,
     SampleReply,
@@ -25,7 +26,6 @@ from crucible.contracts.messages import (
     ToolCall,
     Trajectory,
 )
-from crucible.coordination import graded_key
 from crucible.settings import CommonSettings
 from services.grader.app import setup as grader_setup
 

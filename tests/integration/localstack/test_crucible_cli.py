@@ -118,3 +118,17 @@ def test_up_runs_until_signalled_then_stops_everything(
     assert "stopped" in output
     assert processes_under(state) == []
     assert (state / "logs" / "checkpoints.log").is_file(), "a state dir the user chose is kept"
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--set", "schedule.group_size=0"], "schedule.group_size"),
+        (["--set", "group_size=2"], "`group_size` is now `schedule.group_size`"),
+        (["--set", "nonsense"], "not of the form section.field=value"),
+        (["--config", "/nonexistent/run.toml"], "/nonexistent/run.toml"),
+    ],
+)
+def test_demo_refuses_a_bad_run_config_before_starting_anything(args: list[str], message: str) -> None:
+    result = crucible("demo", *args)
+    assert result.returncode == 2 and "bad run config" in result.stderr and message in result.stderr

@@ -78,7 +78,7 @@ def test_long_running_services_have_health_checks_and_one_shots_do_not_restart(
 
 def test_database_users_wait_for_migrations(compose: dict[str, Any]) -> None:
     migrate = compose["services"]["migrate"]
-    assert migrate["command"][:3] == ["python", "-m", "crucible.db.migrate"]
+    assert migrate["command"][:3] == ["python", "-m", "crucible.db"]
     assert migrate["depends_on"]["postgres"]["condition"] == "service_healthy"
     for name in USES_DATABASE:
         assert (

@@ -65,7 +65,7 @@ def test_kubernetes_config_names_settings_fields(repo: Path, settings_from_env, 
 def test_kubernetes_migration_job_runs_before_database_users(repo: Path) -> None:
     job = k8s_documents(repo, "config")["Job"]
     (container,) = job["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["python", "-m", "crucible.db.migrate", "upgrade"]
+    assert container["command"] == ["python", "-m", "crucible.db", "upgrade"]
 
 
 def test_prometheus_scrapes_every_service_on_its_health_port(repo: Path, compose: dict[str, Any]) -> None:

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from crucible.agent import grammar, tokenizer
-from crucible.contracts.messages import GradedTrajectory, Reward, RunConfig, Trajectory
+from crucible.contracts.messages import GradedTrajectory, Reward, Trajectory
 from crucible.contracts.packing import pack
+from crucible.contracts.runconfig import RunConfig
 from crucible.model import PRESETS, build_model
 from services.rollout.engine import PolicyEngine
 from services.trainer.batch import collate
@@ -44,9 +45,9 @@ def sample_group(engine: PolicyEngine, *, n: int, version: int) -> list[GradedTr
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_trainer_logprobs_equal_behaviour_logprobs_on_policy(temperature):
-    config = RunConfig(temperature=temperature, max_action_tokens=12)
+    config = RunConfig.model_validate({"agent": {"temperature": temperature, "max_action_tokens": 12}})
     engine = PolicyEngine(config=config, max_context=512)
-    model = build_model(PRESETS[config.model_preset], precision=config.precision, seed=config.seed)
+    model = build_model(PRESETS[config.model.preset], precision=config.model.precision, seed=config.seed)
     engine.swap({k: v.clone() for k, v in model.state_dict().items()}, 0)
     graded = sample_group(engine, n=3, version=0)
     batch = collate(graded, [1.0, 0.0, -1.0])
@@ -62,7 +63,7 @@ def test_trainer_logprobs_equal_behaviour_logprobs_on_policy(temperature):
 
 
 def test_a_step_moves_the_policy_towards_the_advantaged_trajectory():
-    config = RunConfig(max_action_tokens=8)
+    config = RunConfig.model_validate({"agent": {"max_action_tokens": 8}})
     engine = PolicyEngine(config=config, max_context=512)
     cfg = dataclasses.replace(PRESETS["tiny"])
     model = build_model(cfg, precision="bf16", seed=0)

@@ -1,0 +1,91 @@
+"""Every object-store key and Redis key that more than one place reads or writes.
+
+Object store layout (one bucket):
+
+    tasksets/<set>/<task>/<file>                 task snapshots and hidden tests (catalog)
+    runs/<run>/weights/<version:06d>/...         weight manifests and shards (trainer, checkpoints)
+    runs/<run>/trainer/state.pt                  the trainer's resumable state
+    runs/<run>/trajectories/<trajectory>/...     trajectories too big for a message (rollout, grader)
+    bus/<subject>/<sha256>.msgpack               any other message too big for the bus
+
+Redis holds short-lived coordination only. Losing Redis loses no data: each key can be rebuilt or only
+costs some duplicated work (which JetStream de-duplication then absorbs).
+"""
+
+from __future__ import annotations
+
+DAY_S = 86400
+
+# --- object store ----------------------------------------------------------------------------------
+
+
+def taskset_object(taskset: str, task_id: str, filename: str) -> str:
+    return f"tasksets/{taskset}/{task_id}/{filename}"
+
+
+def weights_prefix(run_id: str) -> str:
+    return f"runs/{run_id}/weights/"
+
+
+def version_prefix(run_id: str, version: int) -> str:
+    return f"{weights_prefix(run_id)}{version:06d}/"
+
+
+def shard_key(run_id: str, version: int, index: int) -> str:
+    return f"{version_prefix(run_id, version)}shard-{index}.safetensors"
+
+
+def manifest_key(run_id: str, version: int) -> str:
+    return f"{version_prefix(run_id, version)}manifest.msgpack"
+
+
+def trainer_state_key(run_id: str) -> str:
+    return f"runs/{run_id}/trainer/state.pt"
+
+
+def trajectory_claim_prefix(run_id: str, trajectory_id: str) -> str:
+    """Where a rollout parks a trajectory too big for the bus."""
+    return f"runs/{run_id}/trajectories/{trajectory_id}"
+
+
+def graded_claim_prefix(run_id: str, trajectory_id: str) -> str:
+    """Where a grader parks a graded trajectory too big for the bus."""
+    return f"{trajectory_claim_prefix(run_id, trajectory_id)}/graded"
+
+
+def bus_claim_prefix(subject: str) -> str:
+    """Where any other message too big for the bus is parked."""
+    return f"bus/{subject}"
+
+
+# --- Redis -----------------------------------------------------------------------------------------
+
+
+def admitted_key(run_id: str) -> str:
+    """Groups admitted so far by all rollout replicas of a run."""
+    return f"crucible:run:{run_id}:admitted"
+
+
+def finished_key(run_id: str) -> str:
+    """Set by the trainer when a run has taken its last step."""
+    return f"crucible:run:{run_id}:finished"
+
+
+def graded_key(trajectory_id: str) -> str:
+    """Set by the grader after a trajectory's graded message was acknowledged by the stream."""
+    return f"crucible:graded:{trajectory_id}"
+
+
+def sandbox_replica_key(replica: str) -> str:
+    """A sandbox replica's heartbeat; when it lapses, any replica on that machine may sweep its leftovers."""
+    return f"crucible:sandbox:replica:{replica}"
+
+
+def sandbox_sessions_key(replica: str) -> str:
+    """The sessions a sandbox replica holds (a restarted replica releases them all)."""
+    return f"crucible:sandbox:replica:{replica}:sessions"
+
+
+def sandbox_lease_key(session_id: str) -> str:
+    """A session's lease (value: its replica), renewed by every call; when it lapses, the session is reaped."""
+    return f"crucible:sandbox:lease:{session_id}"

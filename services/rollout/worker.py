@@ -1,0 +1,194 @@
+"""Everything one rollout replica does for one run: follow its weight versions, admit groups within the
+staleness bound, sample a task per group, run the group's episodes in forked sandboxes, publish the
+trajectories and report progress."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from crucible.bus import Bus
+from crucible.clients.checkpoints import load_weights
+from crucible.clients.sandbox import SandboxClient, SandboxSession
+from crucible.contracts import subjects
+from crucible.contracts.events import Event, RolloutReport
+from crucible.contracts.keys import trajectory_claim_prefix
+from crucible.contracts.messages import RunFinished, SampleReply, SampleRequest, Trajectory, WeightsAnnounced
+from crucible.contracts.runconfig import RunConfig
+from crucible.runtime import Runtime
+from services.rollout.admission import budget_spent, release, try_admit
+from services.rollout.engine import PolicyEngine
+from services.rollout.episode import run_episode
+from services.rollout.metrics import EPISODES, TOKENS, VERSION
+from services.rollout.settings import Settings
+
+GROUP_RETRY_S = 2.0
+SANDBOX_TTL_S = 600.0  # idle time after which a crashed rollout's sandboxes are reaped
+
+
+async def run_finished(*, bus: Bus, run_id: str) -> bool:
+    return await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished) is not None
+
+
+class RunWorker:
+    """Everything one replica does for one run."""
+
+    def __init__(self, *, rt: Runtime[Settings], run_id: str, config: RunConfig) -> None:
+        self.rt = rt
+        self.settings = rt.settings
+        self.run_id = run_id
+        self.config = config
+        self.engine = PolicyEngine(config=config, max_context=self.settings.max_context)
+        self.new_version = asyncio.Event()
+        self.latest_announced = -1
+        self.sandboxes = SandboxClient(rt.bus)
+        self.episodes = 0
+        self.tokens = 0
+        self.started = time.monotonic()
+
+    async def on_announced(self, announced: WeightsAnnounced) -> None:
+        self.latest_announced = max(self.latest_announced, announced.version)
+        self.rt.spawn(self._load(announced.version), name=f"load-{self.run_id}-{announced.version}")
+
+    async def _load(self, version: int) -> None:
+        if version < self.latest_announced or version <= self.engine.version:
+            return  # a newer version is on its way or already loaded
+        try:
+            manifest, state = await load_weights(
+                bus=self.rt.bus, store=self.rt.store, run_id=self.run_id, version=version
+            )
+            if manifest.version < self.latest_announced:
+                return  # a newer one was announced while this downloaded
+            await asyncio.to_thread(self.engine.swap, state, manifest.version)
+        except Exception as exc:  # keep sampling with the weights we have; the next announcement retries
+            self.rt.log.error("could not load weights", run_id=self.run_id, version=version, error=repr(exc))
+            return
+        VERSION.labels(self.run_id).set(self.engine.version)
+        self.rt.log.info("weights swapped in", run_id=self.run_id, version=self.engine.version)
+        self.new_version.set()
+
+    async def run(self) -> None:
+        slots = asyncio.Semaphore(self.settings.concurrent_groups)
+        groups: set[asyncio.Task] = set()
+        while not self.rt.stopping.is_set():
+            if await self._finished() or await budget_spent(redis=self.rt.redis, run_id=self.run_id, config=self.config):
+                break
+            if self.engine.version < 0:
+                await self._wait_for_version()
+                continue
+            await slots.acquire()
+            index = await try_admit(redis=self.rt.redis, run_id=self.run_id, config=self.config, version=self.engine.version)
+            if index is None:
+                slots.release()
+                await self._wait_for_version()
+                continue
+            task = asyncio.create_task(self._group(index))
+            groups.add(task)
+            task.add_done_callback(lambda t: (groups.discard(t), slots.release()))
+        if groups:
+            await asyncio.gather(*groups, return_exceptions=True)
+        await self._report()
+        self.rt.log.info("run finished on this replica", run_id=self.run_id, episodes=self.episodes)
+
+    async def _finished(self) -> bool:
+        """The trainer's durable end-of-run marker (Redis only caches it)."""
+        return await run_finished(bus=self.rt.bus, run_id=self.run_id)
+
+    async def _wait_for_version(self) -> None:
+        self.new_version.clear()
+        try:
+            await asyncio.wait_for(self.new_version.wait(), timeout=1.0)
+        except TimeoutError:
+            pass
+
+    async def _group(self, index: int) -> None:
+        group_id = f"{self.run_id}-g{index:05d}-{uuid.uuid4().hex[:8]}"
+        try:
+            reply = await self.rt.bus.request(
+                subjects.CATALOG_SAMPLE,
+                SampleRequest(
+                    run_id=self.run_id,
+                    taskset=self.config.tasks.taskset,
+                    count=1,
+                    difficulties=self.config.tasks.difficulties,
+                    seed=self.config.seed * 1_000_003 + index,
+                ),
+                SampleReply,
+                timeout=30,
+            )
+            task = reply.tasks[0]
+        except Exception as exc:  # nothing was generated: give the slot back and let a later try use it
+            self.rt.log.error("could not sample a task", run_id=self.run_id, group=index, error=repr(exc))
+            await release(redis=self.rt.redis, run_id=self.run_id)
+            await asyncio.sleep(GROUP_RETRY_S)
+            return
+        try:
+            sessions = await self._group_sandboxes(task)
+        except Exception as exc:  # no sandbox for the group: give the slot back and let a later try use it
+            self.rt.log.error("could not prepare sandboxes", run_id=self.run_id, group=index, error=repr(exc))
+            await release(redis=self.rt.redis, run_id=self.run_id)
+            await asyncio.sleep(GROUP_RETRY_S)
+            return
+        episodes = [
+            self._episode(task, group_id, index * 1000 + i, session) for i, session in enumerate(sessions)
+        ]
+        results = await asyncio.gather(*episodes, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                self.rt.log.error("episode failed", run_id=self.run_id, group=group_id, error=repr(result))
+                continue
+            try:
+                await self._publish(result)
+            except Exception as exc:  # the bus or the object store is away; the trainer times the group out
+                self.rt.log.error("could not publish", run_id=self.run_id, trajectory=result.trajectory_id, error=repr(exc))
+        await self._report()
+
+    async def _group_sandboxes(self, task) -> list[SandboxSession]:
+        """One sandbox prepared from the task snapshot, forked into the group's G copies."""
+        prepared = await self.sandboxes.create(
+            run_id=self.run_id, task_id=task.task_id, snapshot=task.snapshot, ttl_s=SANDBOX_TTL_S
+        )
+        async with prepared:
+            return await prepared.fork(self.config.schedule.group_size, ttl_s=SANDBOX_TTL_S)
+
+    async def _episode(self, task, group_id: str, seed: int, session: SandboxSession) -> Trajectory:
+        async with session:
+            trajectory = await run_episode(
+                engine=self.engine,
+                config=self.config,
+                task=task,
+                session=session,
+                run_id=self.run_id,
+                group_id=group_id,
+                seed=self.config.seed * 7919 + seed,
+                replica=self.settings.replica,
+                tool_timeout_s=self.settings.tool_timeout_s,
+            )
+        EPISODES.labels(self.run_id, trajectory.finish_reason).inc()
+        n = len(trajectory.tokens) // 4
+        TOKENS.labels(self.run_id).inc(n)
+        self.episodes += 1
+        self.tokens += n
+        return trajectory
+
+    async def _publish(self, trajectory: Trajectory) -> None:
+        await self.rt.bus.publish(
+            subjects.rollouts(self.run_id),
+            trajectory,
+            msg_id=trajectory.trajectory_id,
+            claim_prefix=trajectory_claim_prefix(self.run_id, trajectory.trajectory_id),
+        )
+
+    async def _report(self) -> None:
+        elapsed = max(time.monotonic() - self.started, 1e-6)
+        report = RolloutReport(
+            replica=self.settings.replica,
+            version=self.engine.version,
+            episodes=self.episodes,
+            tokens=self.tokens,
+            tokens_per_s=self.tokens / elapsed,
+            episodes_per_min=60 * self.episodes / elapsed,
+        )
+        event = Event.now(self.run_id, report, source=self.settings.replica)
+        await self.rt.bus.publish(event.subject, event, msg_id=event.msg_id)

@@ -1,0 +1,91 @@
+"""The run config: one definition, nested by concern, loaded from TOML with overrides, carried on RUNS."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from pydantic import ValidationError
+
+from crucible.contracts import ContractError, decode, encode
+from crucible.contracts.messages import RunCreated
+from crucible.contracts.runconfig import MOVED, RunConfig, apply_override
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"schedule": {"group_size": 0}}, "schedule.group_size\n.*greater than or equal to 1"),
+        ({"model": {"precision": "fp4"}}, "'bf16' or 'mxfp8'"),
+        ({"model": {"preset": "huge"}}, "unknown model preset 'huge'; known: tiny"),
+        ({"optim": {"learning_rate": -1}}, "greater than 0"),
+        ({"tasks": {"difficulties": []}}, "at least 1 item"),
+        ({"tasks": {"taskset": "a b"}}, "should match pattern"),
+        ({"bogus": 1}, "Extra inputs are not permitted"),
+        ({"agent": {"bogus": 1}}, "agent.bogus\n.*Extra inputs are not permitted"),
+    ],
+)
+def test_bad_configs_are_refused_naming_the_field(config: dict, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        RunConfig.model_validate(config)
+
+
+def test_flat_fields_of_the_first_config_name_their_new_place() -> None:
+    with pytest.raises(ValidationError) as caught:
+        RunConfig.model_validate({"group_size": 2, "model_preset": "tiny", "learning_rate": 1e-4})
+    text = str(caught.value)
+    assert "`group_size` is now `schedule.group_size`" in text
+    assert "`model_preset` is now `model.preset`" in text
+    assert "`learning_rate` is now `optim.learning_rate`" in text
+    for old, new in MOVED.items():  # every place named exists
+        section, field = new.split(".")
+        assert field in type(getattr(RunConfig(), section)).model_fields, (old, new)
+
+
+def test_every_field_has_a_docstring_for_the_schema() -> None:
+    schema = RunConfig.model_json_schema()
+    for name, section in schema["$defs"].items():
+        for field, spec in section["properties"].items():
+            assert spec.get("description"), f"{name}.{field} has no docstring"
+
+
+def test_toml_with_overrides() -> None:
+    text = "seed = 3\n[schedule]\nmax_steps = 4\ngroup_size = 2\n"
+    config = RunConfig.from_toml(
+        text, overrides=["optim.learning_rate=1e-4", "tasks.taskset=mine", "tasks.difficulties=[1]"]
+    )
+    assert config.seed == 3 and config.schedule.max_steps == 4 and config.schedule.group_size == 2
+    assert config.optim.learning_rate == 1e-4
+    assert config.tasks.taskset == "mine" and config.tasks.difficulties == [1]
+    assert config.agent == RunConfig().agent
+
+
+@pytest.mark.parametrize(
+    ("text", "overrides", "message"),
+    [
+        ("[schedule\n", [], "not valid TOML"),
+        ("", ["schedule.max_steps"], "not of the form section.field=value"),
+        ("seed = 1", ["seed.x=1"], "'seed' is a value, not a section"),
+        ("", ["schedule.max_steps=0"], "schedule.max_steps"),
+    ],
+)
+def test_bad_toml_or_overrides_are_clear_errors(text: str, overrides: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RunConfig.from_toml(text, overrides=overrides)
+
+
+def test_apply_override_builds_sections() -> None:
+    data: dict = {}
+    apply_override(data, "agent.temperature = 0.5")
+    assert data == {"agent": {"temperature": 0.5}}
+
+
+def test_the_config_travels_on_the_bus_and_is_validated_on_arrival() -> None:
+    config = RunConfig.model_validate({"seed": 7, "model": {"precision": "mxfp8"}})
+    created = RunCreated(run_id="r", name="n", config=config, created_at=1.0)
+    assert decode(encode(created), RunCreated) == created
+    forged = msgspec.msgpack.encode(
+        {"type": "run.created.v1", "run_id": "r", "name": "n", "created_at": 1.0,
+         "config": {"schedule": {"group_size": 0}}}
+    )  # fmt: skip
+    with pytest.raises(ContractError, match="greater than or equal to 1"):
+        decode(forged, RunCreated)
