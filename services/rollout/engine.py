@@ -52,7 +52,6 @@ class PolicyEngine:
         self.max_context = min(max_context, self.model_config.max_seq_len)
         self._current: tuple[Transformer, int] | None = None
         self._swap_lock = threading.Lock()
-        self._allowed = grammar.allowed_table(self.model_config.vocab_size)
 
     @property
     def version(self) -> int:
@@ -92,7 +91,10 @@ class PolicyEngine:
     def sample_action(self, state: EpisodeState, *, generator: torch.Generator) -> tuple[str | None, str, bool]:
         """Sample `<tool:NAME> ARGS <end>` after the `<act>` already in `state`.
 
-        Returns (tool name, argument text, context_exhausted).
+        For a tool without arguments (`tokenizer.NO_ARGUMENT_TOOLS`) only the tool token is sampled; the
+        `<end>` that closes the action follows as an environment token (loss mask 0): bytes the tool
+        would ignore must not be sampled, nor trained on. Returns (tool name, argument text,
+        context_exhausted).
         """
         budget = self.config.agent.max_action_tokens
         name: str | None = None
@@ -114,6 +116,9 @@ class PolicyEngine:
             state.constraints.append(constraint)
             if constraint == grammar.TOOL:
                 name = tokenizer.tool_name(token)
+                if name in tokenizer.NO_ARGUMENT_TOOLS:
+                    state.append_env([tokenizer.END], version)
+                    break
                 constraint = grammar.ARGS
             elif token == tokenizer.END:
                 break

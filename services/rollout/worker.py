@@ -120,14 +120,14 @@ class RunWorker:
             task = reply.tasks[0]
         except Exception as exc:  # nothing was generated: give the slot back and let a later try use it
             self.rt.log.error("could not sample a task", run_id=self.run_id, group=index, error=repr(exc))
-            await release(redis=self.rt.redis, run_id=self.run_id)
+            await release(redis=self.rt.redis, run_id=self.run_id, index=index)
             await asyncio.sleep(GROUP_RETRY_S)
             return
         try:
             sessions = await self._group_sandboxes(task)
         except Exception as exc:  # no sandbox for the group: give the slot back and let a later try use it
             self.rt.log.error("could not prepare sandboxes", run_id=self.run_id, group=index, error=repr(exc))
-            await release(redis=self.rt.redis, run_id=self.run_id)
+            await release(redis=self.rt.redis, run_id=self.run_id, index=index)
             await asyncio.sleep(GROUP_RETRY_S)
             return
         episodes = [

@@ -16,6 +16,7 @@ class Batch:
     tokens_BT: torch.Tensor  # long
     behaviour_logprobs_BT: torch.Tensor  # f32, at the position of the sampled token
     mask_BT: torch.Tensor  # f32, 1 where the policy sampled the token
+    valid_BT: torch.Tensor  # f32, 1 at every real token (prompt, environment or sampled), 0 at padding
     constraints_BT: torch.Tensor  # long
     advantages_BT: torch.Tensor  # f32, the trajectory's advantage on every token
     routes_BTLk: torch.Tensor | None  # long, recorded expert choices for router replay
@@ -71,17 +72,22 @@ def collate(graded: list[GradedTrajectory], advantages: list[float]) -> Batch:
     shapes = [g.trajectory.routes_shape for g in graded]
     if all(shapes):
         L, k = shapes[0][1], shapes[0][2]
-        # Padding positions get distinct experts 0..k-1: a valid route whose output is masked out anyway.
+        # Padding positions get distinct experts 0..k-1: a valid route whose output is masked out anyway
+        # and which valid_BT keeps out of the routers' load.
         routes = torch.arange(k, dtype=torch.long).expand(B, T, L, k).clone()
         for b, g in enumerate(graded):
             n = shapes[b][0]
             values = torch.tensor(unpack("u8", g.trajectory.routes), dtype=torch.long)
             routes[b, :n] = values.view(n, L, k)
     adv = torch.tensor(advantages, dtype=torch.float32)[:, None].expand(B, T).contiguous()
+    # Every real token was routed in the rollout and counts in the routers' load; padding does not.
+    lengths = torch.tensor([len(c[0]) for c in columns])
+    valid = (torch.arange(T)[None, :] < lengths[:, None]).float()
     return Batch(
         tokens_BT=pad(0, torch.long),
         behaviour_logprobs_BT=pad(1, torch.float32),
         mask_BT=pad(2, torch.float32),
+        valid_BT=valid,
         constraints_BT=pad(3, torch.long),
         advantages_BT=adv,
         routes_BTLk=routes,

@@ -50,19 +50,29 @@ def global_batch(world: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tens
     return tokens, routes
 
 
-def lm_loss(model: Transformer, tokens: torch.Tensor, routes: torch.Tensor) -> torch.Tensor:
-    logits = model(tokens, routes=routes).logits
+def global_valid(world: int) -> torch.Tensor:
+    """[W*B, T], 1 at real tokens: rows end in 0, 3, 6 or 9 padding positions, as in a padded training
+    batch, so the routers' load (real tokens only) differs from the count of all positions."""
+    lengths = SEQ - 3 * (torch.arange(world * BATCH_PER_RANK) % 4)
+    return (torch.arange(SEQ)[None, :] < lengths[:, None]).float()
+
+
+def lm_loss(
+    model: Transformer, tokens: torch.Tensor, routes: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
+    logits = model(tokens, routes=routes, valid_BT=valid).logits
     return F.cross_entropy(logits[:, :-1].reshape(-1, CFG.vocab_size), tokens[:, 1:].reshape(-1))
 
 
 def reference_step(*, precision: str, world: int, max_grad_norm: float) -> dict:
     """Loss, clipped gradients and parameters after one step of the plain model on the global batch."""
     tokens, routes = global_batch(world)
+    valid = global_valid(world)
     model = build_model(CFG, precision=precision, seed=0)
     opt = torch.optim.AdamW(
         model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay
     )
-    loss = lm_loss(model, tokens, routes)
+    loss = lm_loss(model, tokens, routes, valid)
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm) if max_grad_norm else None
     grads = {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -76,10 +86,10 @@ def reference_step(*, precision: str, world: int, max_grad_norm: float) -> dict:
     }
 
 
-def _local_batch(world: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _local_batch(world: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     tokens, routes = global_batch(world)
     rows = slice(rank * BATCH_PER_RANK, (rank + 1) * BATCH_PER_RANK)
-    return tokens[rows], routes[rows]
+    return tokens[rows], routes[rows], global_valid(world)[rows]
 
 
 def _max_err(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], names=None) -> float:
@@ -109,9 +119,12 @@ def parallel_step(
         for moe in model.moe_layers:
             moe.experts.set_gradient_divide_factor(float(mesh.expert_data.size()))
     opt = build_optimizer(model, config=OPT)
-    tokens, routes = _local_batch(dist.get_world_size(), dist.get_rank())
+    tokens, routes, valid = _local_batch(dist.get_world_size(), dist.get_rank())
     stats = parallel_train_step(
-        model=model, optimizer=opt, loss_fn=lambda m: lm_loss(m, tokens, routes), max_grad_norm=max_grad_norm
+        model=model,
+        optimizer=opt,
+        loss_fn=lambda m: lm_loss(m, tokens, routes, valid),
+        max_grad_norm=max_grad_norm,
     )
     return stats, full_grads(model), full_state_dict(model)
 
@@ -192,12 +205,12 @@ def train_steps(shape: tuple[int, int, int], steps: int) -> list[float]:
     mesh = build_mesh(ParallelConfig(replicate=replicate, shard=shard, expert=expert))
     model = parallelize(build_model(CFG, precision="fp32", seed=0), mesh=mesh)
     opt = build_optimizer(model, config=OPT)
-    tokens, routes = _local_batch(dist.get_world_size(), dist.get_rank())
+    tokens, routes, valid = _local_batch(dist.get_world_size(), dist.get_rank())
     return [
         parallel_train_step(
             model=model,
             optimizer=opt,
-            loss_fn=lambda m: lm_loss(m, tokens, routes),
+            loss_fn=lambda m: lm_loss(m, tokens, routes, valid),
             max_grad_norm=OPT.max_grad_norm,
         )["loss"]
         for _ in range(steps)
@@ -206,6 +219,7 @@ def train_steps(shape: tuple[int, int, int], steps: int) -> list[float]:
 
 def reference_losses(world: int, steps: int) -> list[float]:
     tokens, routes = global_batch(world)
+    valid = global_valid(world)
     model = build_model(CFG, precision="fp32", seed=0)
     opt = torch.optim.AdamW(
         model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay
@@ -213,7 +227,7 @@ def reference_losses(world: int, steps: int) -> list[float]:
     losses = []
     for _ in range(steps):
         opt.zero_grad()
-        loss = lm_loss(model, tokens, routes)
+        loss = lm_loss(model, tokens, routes, valid)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), OPT.max_grad_norm)
         opt.step()

@@ -3,7 +3,8 @@
 Each rank runs one training step of the parallelized model on its slice of the batch and compares the
 loss, the (clipped) gradients and the parameters after AdamW with the plain model's step on the whole
 batch. The first MoE layer replays a skewed routing that never picks experts 6 and 7, so with 4- and
-8-way expert parallelism some ranks' experts receive no tokens at all and the splits are uneven.
+8-way expert parallelism some ranks' experts receive no tokens at all and the splits are uneven. Rows
+end in padding, which the routers' load must skip on every rank as in the single process.
 """
 
 from __future__ import annotations
@@ -43,6 +44,12 @@ def test_batch_leaves_experts_idle_and_splits_uneven() -> None:
     assert counts[list(cases.UNUSED_EXPERTS)].sum() == 0
     assert len(set(counts[:6].tolist())) > 1
     assert (routes[:, :, 1] == -1).all()
+
+
+def test_batch_has_padding_that_the_router_load_skips() -> None:
+    valid = cases.global_valid(8)
+    assert valid.shape == (8 * cases.BATCH_PER_RANK, cases.SEQ)
+    assert valid[:, 0].all() and not valid.all()  # every row has real tokens, some rows end in padding
 
 
 def test_fp32_matches_single_process_on_four_ranks(four: dict) -> None:

@@ -1,12 +1,16 @@
 """Constrained decoding for tool calls.
 
-An agent turn is `<act> <tool:NAME> ARGUMENT-BYTES <end>`. At each sampled position one constraint is
-in force: the tool token must be a tool, argument bytes must be printable ASCII or newline (or <end>).
-Sampling renormalises over the allowed tokens, and the constraint index is recorded per token so that
-the trainer recomputes exactly the distribution the rollout sampled from.
+An agent turn is `<act> <tool:NAME> ARGUMENT-BYTES <end>`; for a tool that takes no argument
+(`tokenizer.NO_ARGUMENT_TOOLS`) it is `<act> <tool:NAME> <end>` with the `<end>` added by the
+environment, not sampled. At each sampled position one constraint is in force: the tool token must be
+a tool, argument bytes must be printable ASCII or newline (or <end>). Sampling renormalises over the
+allowed tokens, and the constraint index is recorded per token so that the trainer recomputes exactly
+the distribution the rollout sampled from.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -16,8 +20,19 @@ FREE, TOOL, ARGS = 0, 1, 2
 NUM_CONSTRAINTS = 3
 
 
-def allowed_table(vocab_size: int = VOCAB_SIZE) -> torch.Tensor:
-    """Boolean [NUM_CONSTRAINTS, vocab]: which tokens each constraint allows."""
+def allowed_table(vocab_size: int = VOCAB_SIZE, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Boolean [NUM_CONSTRAINTS, vocab] on `device`: which tokens each constraint allows.
+
+    Built once per vocabulary size (and copied once per device), then shared by every caller: it is
+    read-only by contract, never modify it in place (clone it first).
+    """
+    return _table(int(vocab_size), torch.device(device))
+
+
+@functools.lru_cache(maxsize=None)
+def _table(vocab_size: int, device: torch.device) -> torch.Tensor:
+    if device != torch.device("cpu"):
+        return _table(vocab_size, torch.device("cpu")).to(device)
     table = torch.zeros(NUM_CONSTRAINTS, vocab_size, dtype=torch.bool)
     table[FREE] = True
     table[TOOL, TOOL_BASE : TOOL_BASE + len(TOOLS)] = True
@@ -34,6 +49,6 @@ def constrained_logprobs(logits: torch.Tensor, constraints: torch.Tensor, *, tem
     """
     if temperature <= 0:
         raise ValueError("temperature must be positive")
-    table = allowed_table(logits.shape[-1]).to(logits.device)
+    table = allowed_table(logits.shape[-1], logits.device)
     masked = (logits.float() / temperature).masked_fill(~table[constraints], float("-inf"))
     return torch.log_softmax(masked, dim=-1)

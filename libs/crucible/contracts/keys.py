@@ -66,6 +66,16 @@ def admitted_key(run_id: str) -> str:
     return f"crucible:run:{run_id}:admitted"
 
 
+def released_key(run_id: str) -> str:
+    """Group indices given back by rollouts whose group produced nothing; the next admission reuses one."""
+    return f"crucible:run:{run_id}:released"
+
+
+def refills_key(run_id: str) -> str:
+    """Groups the trainer dropped (all rewards equal, DAPO dynamic sampling); each makes room for one more."""
+    return f"crucible:run:{run_id}:refills"
+
+
 def finished_key(run_id: str) -> str:
     """Set by the trainer when a run has taken its last step."""
     return f"crucible:run:{run_id}:finished"

@@ -23,8 +23,9 @@ class Router(nn.Module):
 
     A per-expert bias (`expert_bias`, saved with the weights) is added to the scores only to choose the
     experts, never to weight them; `update_bias` nudges it against the load observed in training
-    (`tokens_per_expert`), which balances experts without an auxiliary loss. Under data or expert
-    parallelism, sum `tokens_per_expert` across ranks before calling `update_bias`.
+    (`tokens_per_expert`), which balances experts without an auxiliary loss. Only real tokens count in
+    that load: padding positions of a batch, passed as `valid_N` == 0, are routed but not counted. Under
+    data or expert parallelism, sum `tokens_per_expert` across ranks before calling `update_bias`.
     """
 
     def __init__(self, dim: int, *, num_experts: int, top_k: int, route_scale: float) -> None:
@@ -35,12 +36,17 @@ class Router(nn.Module):
         self.register_buffer("tokens_per_expert", torch.zeros(num_experts), persistent=False)
 
     def forward(
-        self, x_ND: torch.Tensor, replay_NK: torch.Tensor | None = None
+        self,
+        x_ND: torch.Tensor,
+        replay_NK: torch.Tensor | None = None,
+        valid_N: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Expert ids [N, k] and their combine weights [N, k] (fp32).
 
         With `replay_NK`, those expert ids are used instead of the router's own choice, except rows
-        marked -1, which are routed afresh. Weights always come from the current router scores.
+        marked -1, which are routed afresh. Weights always come from the current router scores. In
+        training, each row's k choices add to `tokens_per_expert`, except rows where `valid_N` is 0
+        (padding); without `valid_N` every row counts.
         """
         scores = torch.sigmoid(F.linear(x_ND.float(), self.weight.float()))
         ids = torch.topk(scores.detach() + self.expert_bias, self.top_k, dim=-1).indices
@@ -50,7 +56,11 @@ class Router(nn.Module):
         weights = weights / weights.sum(dim=-1, keepdim=True) * self.route_scale
         if self.training:
             with torch.no_grad():
-                self.tokens_per_expert += torch.bincount(ids.flatten(), minlength=self.num_experts).float()
+                E, flat = self.num_experts, ids.flatten()
+                if valid_N is not None:  # padding rows go to an extra bin E, dropped below
+                    real = (valid_N != 0).repeat_interleave(self.top_k)
+                    flat = torch.where(real, flat, torch.full_like(flat, E))
+                self.tokens_per_expert += torch.bincount(flat, minlength=E + 1)[:E].float()
         return ids, weights
 
     @torch.no_grad()
@@ -98,13 +108,17 @@ class MoE(nn.Module):
         self.shared_expert = FeedForward(cfg.dim, cfg.shared_expert_dim) if cfg.shared_expert_dim else None
 
     def forward(
-        self, x_BTD: torch.Tensor, replay_BTK: torch.Tensor | None = None
+        self,
+        x_BTD: torch.Tensor,
+        replay_BTK: torch.Tensor | None = None,
+        valid_BT: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Output [B, T, D] and the expert ids used [B, T, k]."""
+        """Output [B, T, D] and the expert ids used [B, T, k]; `valid_BT` (0 at padding) as for the router."""
         B, T, D = x_BTD.shape
         x_ND = x_BTD.reshape(B * T, D)
         replay_NK = None if replay_BTK is None else replay_BTK.reshape(B * T, self.top_k)
-        ids_NK, weights_NK = self.router(x_ND, replay_NK)
+        valid_N = None if valid_BT is None else valid_BT.reshape(B * T)
+        ids_NK, weights_NK = self.router(x_ND, replay_NK, valid_N)
         y_ND = self.dispatch(x_ND, ids_NK, weights_NK)
         if self.shared_expert is not None:
             y_ND = y_ND + self.shared_expert(x_ND)

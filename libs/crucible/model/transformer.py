@@ -40,10 +40,11 @@ class TransformerBlock(nn.Module):
         sin: torch.Tensor,
         cache: KVCache | None,
         replay: torch.Tensor | None,
+        valid: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         h = x + self.attention(self.attention_norm(x), cos, sin, cache)
         if hasattr(self, "moe"):
-            y, ids = self.moe(self.ffn_norm(h), replay)
+            y, ids = self.moe(self.ffn_norm(h), replay, valid)
             return h + y, ids
         return h + self.feed_forward(self.ffn_norm(h)), None
 
@@ -103,15 +104,26 @@ class Transformer(nn.Module):
         )
 
     def forward(
-        self, tokens_BT: torch.Tensor, *, routes: torch.Tensor | None = None, cache: KVCache | None = None
+        self,
+        tokens_BT: torch.Tensor,
+        *,
+        routes: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+        valid_BT: torch.Tensor | None = None,
     ) -> ModelOutput:
         """Logits for every position. `routes` [B, T, L_moe, k] replays recorded expert choices (rows of
-        -1 are routed afresh); `cache` continues positions at cache.length and advances it by T."""
+        -1 are routed afresh); `cache` continues positions at cache.length and advances it by T.
+
+        `valid_BT` [B, T] is 1 at real tokens and 0 at padding: padding is computed like any token (its
+        outputs are masked by the caller) but does not count in the routers' training load, which
+        `update_router_biases` balances. Without it every position counts."""
         self._check_tokens(tokens_BT, cache)
         B, T = tokens_BT.shape
         start = 0 if cache is None else cache.length
         if routes is not None:
             self._check_routes(routes, B, T)
+        if valid_BT is not None and tuple(valid_BT.shape) != (B, T):
+            raise ValueError(f"valid_BT must have the tokens' shape {(B, T)}, got {tuple(valid_BT.shape)}")
         cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
         x = self.tok_embeddings(tokens_BT)
         chosen, moe_index = [], 0
@@ -119,7 +131,7 @@ class Transformer(nn.Module):
             replay = None
             if routes is not None and hasattr(block, "moe"):
                 replay = routes[:, :, moe_index]
-            x, ids = block(x, cos, sin, cache, replay)
+            x, ids = block(x, cos, sin, cache, replay, valid_BT)
             if ids is not None:
                 chosen.append(ids)
                 moe_index += 1

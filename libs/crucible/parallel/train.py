@@ -92,6 +92,9 @@ def parallel_train_step(
 ) -> dict[str, float]:
     """One optimizer step; `loss_fn(model)` computes this rank's loss on its own batch slice.
 
+    A padded slice must be run as `model(tokens, routes=..., valid_BT=...)`, as the single-process
+    trainer does, so that only real tokens count in the routers' load summed below.
+
     With `balance_routers`, the routers' token counts are summed over all ranks and their selection
     biases updated from that global load (every rank ends with the same biases), as the single-process
     trainer step does. Returns the loss averaged over ranks and the global gradient norm before clipping.
