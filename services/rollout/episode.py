@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 import torch
 
@@ -93,24 +94,13 @@ async def run_episode(
     state.append_env([tokenizer.EOS], engine.version)
     await asyncio.to_thread(engine.finish, state)
     diff = await session.diff()
-    routes_shape: list[int] = []
-    routes = b""
-    if state.routes:
-        routes_shape = [len(state.routes), len(state.routes[0]), len(state.routes[0][0])]
-        routes = pack("u8", (e for layer in state.routes for k in layer for e in k))
     return Trajectory(
         run_id=run_id,
         trajectory_id=uuid.uuid4().hex,
         group_id=group_id,
         task_id=task.task_id,
         taskset=task.taskset,
-        tokens=pack("u32", state.tokens),
-        logprobs=pack("f32", state.logprobs),
-        versions=pack("u32", state.versions),
-        loss_mask=pack("u8", state.loss_mask),
-        constraints=pack("u8", state.constraints),
-        routes=routes,
-        routes_shape=routes_shape,
+        **packed_arrays(state),
         tool_calls=calls,
         final_diff=diff,
         finish_reason=finish,
@@ -118,6 +108,24 @@ async def run_episode(
         started_at=started,
         finished_at=time.time(),
     )
+
+
+def packed_arrays(state: EpisodeState) -> dict[str, Any]:
+    """An episode's per-token arrays as a Trajectory carries them (packed little-endian)."""
+    routes_shape: list[int] = []
+    routes = b""
+    if state.routes:
+        routes_shape = [len(state.routes), len(state.routes[0]), len(state.routes[0][0])]
+        routes = pack("u8", (e for layer in state.routes for k in layer for e in k))
+    return {
+        "tokens": pack("u32", state.tokens),
+        "logprobs": pack("f32", state.logprobs),
+        "versions": pack("u32", state.versions),
+        "loss_mask": pack("u8", state.loss_mask),
+        "constraints": pack("u8", state.constraints),
+        "routes": routes,
+        "routes_shape": routes_shape,
+    }
 
 
 def _call(index, name, args, ok, output, duration, start, end, version) -> ToolCall:

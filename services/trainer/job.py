@@ -22,12 +22,12 @@ from crucible.bus import Delivery
 from crucible.clients.checkpoints import publish_weights
 from crucible.contracts import ContractError, subjects
 from crucible.contracts.events import Event, EventPayload, RunStatus, StepReport
-from crucible.contracts.keys import finished_key, trainer_state_key
+from crucible.contracts.keys import DAY_S, finished_key, refills_key, trainer_state_key
 from crucible.contracts.messages import GradedTrajectory, RunCreated, RunFinished
 from crucible.contracts.packing import unpack
-from crucible.model import PRESETS, build_model
+from crucible.model import PRESETS, Transformer, build_model
 from crucible.objectstore import ObjectNotFound
-from crucible.rl.advantages import group_relative_advantages
+from crucible.rl.advantages import group_advantages, is_uniform
 from crucible.rl.staleness import staleness
 from crucible.runtime import Runtime
 from services.trainer.batch import collate, validate
@@ -50,8 +50,11 @@ class RunJob:
         self.settings = rt.settings
         self.run_id = created.run_id
         self.config = created.config
-        self.model = build_model(PRESETS[self.config.model.preset], precision=self.config.model.precision, seed=self.config.seed)
+        self.model = self._build_model()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.optim.learning_rate, weight_decay=0.0)
+        # The frozen starting policy for the KL term: the same seeded initialisation, whatever step we resume at.
+        self.reference = self._build_model().requires_grad_(False).eval() if self.config.optim.kl_coef > 0 else None
+        self.dropped_groups = 0  # uniform-reward groups dropped since the last step
         self.step = 0
         self.version = -1
         self.trained: set[str] = set()
@@ -60,6 +63,10 @@ class RunJob:
         self.in_step: list[Delivery] = []
         self.arrived = asyncio.Event()
         self.stop_consuming = asyncio.Event()
+
+    def _build_model(self) -> Transformer:
+        model = self.config.model
+        return build_model(PRESETS[model.preset], precision=model.precision, seed=self.config.seed)
 
     async def _resume(self) -> None:
         try:
@@ -149,6 +156,8 @@ class RunJob:
                 await self._event(self.last_step)
             consumer = self.rt.spawn(self._consume(), name=f"graded-{self.run_id}")
             while self.step < self.config.schedule.max_steps and not self.rt.stopping.is_set():
+                if self.config.optim.drop_uniform_groups:
+                    await self._drop_uniform_groups()
                 ready = self._ready_groups()
                 if len(ready) < self.config.schedule.groups_per_step:
                     self.arrived.clear()
@@ -167,6 +176,25 @@ class RunJob:
             self.stop_consuming.set()
             if consumer is not None:
                 await asyncio.gather(consumer, return_exceptions=True)
+
+    async def _drop_uniform_groups(self) -> None:
+        """DAPO's dynamic sampling: a complete group whose rewards are all equal carries no signal; it is
+        acknowledged untrained, and the rollouts are told to admit one more group in its place."""
+        size = self.config.schedule.group_size
+        for gid, group in list(self.groups.items()):
+            rewards = torch.tensor([g.reward.total for g, _ in group.members.values()])
+            if len(group.members) < size or not is_uniform(rewards):
+                continue
+            del self.groups[gid]
+            for _, delivery in group.members.values():
+                await delivery.ack()
+            self.dropped_groups += 1
+            TRAJECTORIES.labels(self.run_id, "uniform").inc(len(group.members))
+            try:
+                async with self.rt.redis.pipeline(transaction=True) as pipe:
+                    await pipe.incr(refills_key(self.run_id)).expire(refills_key(self.run_id), DAY_S).execute()
+            except Exception as exc:  # Redis is coordination only: the run may then admit one group less
+                self.rt.log.warning("could not ask for a refill", run_id=self.run_id, error=repr(exc))
 
     async def _consume(self) -> None:
         await self.rt.bus.consume(
@@ -213,7 +241,8 @@ class RunJob:
 
     async def _train(self, groups: list[Group]) -> None:
         started = time.perf_counter()
-        graded, advantages, stale, too_small, lags = [], [], [], [], []
+        graded, advantages, stale, too_small, lags, ages = [], [], [], [], [], []
+        publish_every = self.config.schedule.publish_every
         self.in_step = [d for group in groups for _, d in group.members.values()]
         for group in groups:
             kept = []
@@ -225,11 +254,18 @@ class RunJob:
                     continue
                 kept.append(g)
                 lags.append(lag)
+                # optimizer steps since the oldest sampled token's version was published
+                ages.append(self.step - min(sampled, default=self.version) * publish_every)
             if len(kept) < 2:  # no baseline to compare against: a group-relative advantage needs two
                 too_small.extend(g.trajectory.trajectory_id for g in kept)
                 continue
             rewards = torch.tensor([g.reward.total for g in kept])
-            advantages.extend(group_relative_advantages(rewards).tolist())
+            optim = self.config.optim
+            advantages.extend(
+                group_advantages(
+                    rewards, estimator=optim.advantage, std=optim.advantage_std, eps=optim.advantage_eps
+                ).tolist()
+            )
             graded.extend(kept)
         TRAJECTORIES.labels(self.run_id, "stale").inc(len(stale))
         TRAJECTORIES.labels(self.run_id, "alone").inc(len(too_small))
@@ -242,8 +278,9 @@ class RunJob:
             model=self.model,
             optimizer=self.optimizer,
             batch=collate(graded, advantages),
-            clip_eps=self.config.optim.clip_eps,
+            optim=self.config.optim,
             temperature=self.config.agent.temperature,
+            reference=self.reference,
         )
         self.step += 1
         self.trained.update(g.trajectory.trajectory_id for g in graded)
@@ -257,11 +294,16 @@ class RunJob:
                 "reward_max": max(rewards_all),
                 "staleness_mean": sum(lags) / len(lags),
                 "staleness_max": float(max(lags)),
+                "token_age_steps_max": float(max(ages)),
                 "trajectories": float(len(graded)),
                 "stale_dropped": float(len(stale)),
+                "groups_dropped": float(self.dropped_groups),
+                "groups_dropped_fraction": self.dropped_groups / (self.dropped_groups + len(groups)),
+                **{f"staleness_lag_{lag}": float(lags.count(lag)) for lag in range(max(lags) + 1)},
                 "step_seconds": time.perf_counter() - started,
             }
         )
+        self.dropped_groups = 0
         STEP_SECONDS.observe(metrics["step_seconds"])
         self.last_step = StepReport(
             step=self.step,

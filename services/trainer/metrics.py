@@ -10,7 +10,7 @@ STEP_SECONDS = Histogram(
 TRAJECTORIES = Counter(
     "crucible_trainer_trajectories_total",
     "Graded trajectories by what the trainer did with them: trained, stale (over the staleness bound) or "
-    "alone (too few of their group left to compare against)",
+    "alone (too few of their group left to compare against) or uniform (a dropped group of equal rewards)",
     ["run_id", "result"],
 )
 VERSION = Gauge("crucible_trainer_policy_version", "Newest weight version published", ["run_id"])

@@ -1,23 +1,36 @@
-"""One optimizer step of the clipped policy-gradient loss on a batch of graded groups."""
+"""One optimizer step of the run's policy loss (crucible.rl.losses) on a batch of graded groups."""
 
 from __future__ import annotations
 
 import torch
 
 from crucible.agent.grammar import constrained_logprobs
+from crucible.contracts.runconfig import OptimSection
 from crucible.model import Transformer
-from crucible.rl.losses import clipped_policy_loss
+from crucible.rl.losses import entropy_from_logprobs, policy_loss
 from services.trainer.batch import Batch
 
 
-def token_logprobs(model: Transformer, batch: Batch, *, temperature: float) -> torch.Tensor:
-    """log pi(token_t | tokens_<t) under the constraint recorded at t; [B, T] with position 0 = 0."""
-    out = model(batch.tokens_BT, routes=batch.routes_BTLk)
+def _shift(picked_BT1: torch.Tensor) -> torch.Tensor:
+    """Values for positions 1..T-1 put back at their token's position; position 0 (never sampled) = 0."""
+    return torch.cat([torch.zeros_like(picked_BT1[:, :1]), picked_BT1], dim=1)
+
+
+def token_logprobs(
+    model: Transformer, batch: Batch, *, temperature: float, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log pi(token_t | tokens_<t) under the constraint recorded at t, [B, T] with position 0 = 0, and
+    (if asked) the entropy of each position's constrained distribution."""
+    out = model(batch.tokens_BT, routes=batch.routes_BTLk, valid_BT=batch.valid_BT)
     logp_BTV = constrained_logprobs(out.logits[:, :-1], batch.constraints_BT[:, 1:], temperature=temperature)
     picked = logp_BTV.gather(-1, batch.tokens_BT[:, 1:, None]).squeeze(-1)
     # Tokens the policy did not sample may be outside their constraint (-inf); they are masked anyway.
-    picked = torch.where(batch.mask_BT[:, 1:] > 0, picked, torch.zeros_like(picked))
-    return torch.cat([torch.zeros_like(picked[:, :1]), picked], dim=1)
+    sampled = batch.mask_BT[:, 1:] > 0
+    picked = torch.where(sampled, picked, torch.zeros_like(picked))
+    entropy = None
+    if with_entropy:
+        entropy = _shift(torch.where(sampled, entropy_from_logprobs(logp_BTV), torch.zeros_like(picked)))
+    return _shift(picked), entropy
 
 
 def train_step(
@@ -25,30 +38,32 @@ def train_step(
     model: Transformer,
     optimizer: torch.optim.Optimizer,
     batch: Batch,
-    clip_eps: float,
+    optim: OptimSection,
     temperature: float,
-    max_grad_norm: float = 1.0,
+    reference: Transformer | None = None,
 ) -> dict[str, float]:
+    """Forward, the run's loss, backward, clip, step, then the router bias update; returns the metrics.
+    `reference` is the frozen starting policy, needed when optim.kl_coef > 0."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    logprobs = token_logprobs(model, batch, temperature=temperature)
-    stats = clipped_policy_loss(
-        logprobs=logprobs.flatten(),
-        behaviour_logprobs=batch.behaviour_logprobs_BT.flatten(),
-        advantages=batch.advantages_BT.flatten(),
-        mask=batch.mask_BT.flatten(),
-        clip_eps=clip_eps,
+    logprobs, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=optim.entropy_coef > 0)
+    ref_logprobs = None
+    if optim.kl_coef > 0:
+        if reference is None:
+            raise ValueError("kl_coef > 0 needs the reference policy")
+        with torch.no_grad():
+            ref_logprobs, _ = token_logprobs(reference, batch, temperature=temperature)
+    stats = policy_loss(
+        logprobs_BT=logprobs,
+        behaviour_logprobs_BT=batch.behaviour_logprobs_BT,
+        advantages_BT=batch.advantages_BT,
+        mask_BT=batch.mask_BT,
+        optim=optim,
+        ref_logprobs_BT=ref_logprobs,
+        entropy_BT=entropy,
     )
     stats.loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
     optimizer.step()
     model.update_router_biases()  # loss-free load balancing, from the load this step routed
-    return {
-        "loss": float(stats.loss.detach()),
-        "grad_norm": float(grad_norm),
-        "clip_fraction": stats.clip_fraction,
-        "ratio_mean": stats.ratio_mean,
-        "ratio_max": stats.ratio_max,
-        "approx_kl": stats.approx_kl,
-        "tokens": float(stats.tokens),
-    }
+    return {"loss": float(stats.loss.detach()), "grad_norm": float(grad_norm), **stats.metrics}

@@ -59,10 +59,61 @@ class AgentSection(Section):
 
 
 class OptimSection(Section):
+    """The RL algorithm: advantages, policy loss, rollout correction, regularisers (see crucible.rl)."""
+
     learning_rate: float = Field(default=1e-3, gt=0, le=1)
     """AdamW learning rate."""
-    clip_eps: float = Field(default=0.2, gt=0, lt=1)
-    """PPO clip range of the importance ratio against the behaviour policy."""
+    max_grad_norm: float = Field(default=1.0, gt=0)
+    """Gradients are clipped to this global norm."""
+    advantage: Literal["grpo", "dr_grpo", "rloo"] = "grpo"
+    """grpo: (r - mean) / (std + eps) in the group; dr_grpo: r - mean (Dr. GRPO, no std); rloo: r minus
+    the mean of the group's other members."""
+    advantage_std: Literal["population", "sample"] = "population"
+    """Which standard deviation grpo divides by."""
+    advantage_eps: float = Field(default=1e-6, ge=0, le=1)
+    """Added to grpo's std, so a group with little spread is not divided by ~0."""
+    drop_uniform_groups: bool = False
+    """DAPO's dynamic sampling: a group whose rewards are all equal (no signal) is not trained on, and
+    the rollouts are asked for one more group in its place; the count is a step metric."""
+    loss: Literal["ppo", "cispo", "decoupled"] = "ppo"
+    """ppo: clipped ratio against the behaviour policy; cispo: clipped stop-gradient weight on log pi
+    (every token keeps a gradient); decoupled: clipped against the trainer's current weights, the
+    behaviour policy only as an importance weight shaped by `correction`."""
+    clip_low: float = Field(default=0.2, gt=0, lt=1)
+    """The ratio's lower clip: 1 - clip_low."""
+    clip_high: float = Field(default=0.2, gt=0, le=10)
+    """The ratio's upper clip: 1 + clip_high (DAPO's clip-higher sets it above clip_low, e.g. 0.28)."""
+    dual_clip: float | None = Field(default=3.0, gt=1)
+    """For negative advantages the objective is never below dual_clip * A (ppo, decoupled); null: off."""
+    aggregation: Literal["token_mean", "seq_mean_token_mean", "seq_sum_norm"] = "token_mean"
+    """How per-token losses become one: mean over the step's sampled tokens, mean over sequences of
+    their token means, or Dr. GRPO's sum divided by sequences x norm_tokens."""
+    norm_tokens: int = Field(default=1024, ge=1, le=1_000_000)
+    """seq_sum_norm's constant (about the longest response a run samples)."""
+    correction: Literal["none", "tis", "mis"] = "none"
+    """Rollout correction of the decoupled loss's behaviour weight: none (raw), tis (truncated at
+    correction_cap), mis (masked outside [1 / cap, cap])."""
+    correction_level: Literal["token", "sequence", "geometric"] = "token"
+    """The weight per token, per sequence (product of the ratios), or their geometric mean."""
+    correction_cap: float = Field(default=2.0, gt=1, le=1000)
+    """Truncation or mask bound of the correction weight."""
+    kl_coef: float = Field(default=0.0, ge=0, le=100)
+    """Weight of the KL to the frozen starting policy; 0 turns it (and the reference copy) off."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Estimator of the per-token KL to the reference."""
+    kl_mode: Literal["loss", "reward"] = "loss"
+    """The KL as a term of the loss, or subtracted from each token's advantage."""
+    entropy_coef: float = Field(default=0.0, ge=0, le=100)
+    """Weight of the entropy bonus; 0 is off."""
+
+    @model_validator(mode="after")
+    def _correction_needs_decoupled(self) -> OptimSection:
+        if self.correction != "none" and self.loss != "decoupled":
+            raise ValueError(
+                f"correction {self.correction!r} shapes the decoupled loss's behaviour weight; with loss "
+                f"{self.loss!r} the ratio is already against the behaviour policy: set loss = 'decoupled'"
+            )
+        return self
 
 
 class ScheduleSection(Section):
@@ -76,7 +127,9 @@ class ScheduleSection(Section):
     """A new weight version every this many optimizer steps."""
     max_staleness: int = Field(default=2, ge=0)
     """Versions a sampled token may lag the trainer's current version; older tokens are not trained on
-    and rollouts admit no work that would break the bound."""
+    and rollouts admit no work that would break the bound. Counted in versions: a token may then be up
+    to (max_staleness + 1) x publish_every - 1 optimizer steps old (the step metric token_age_steps_max);
+    optim.loss = "decoupled" keeps a gradient for stale tokens that PPO's clip would silence."""
 
 
 class RunConfig(Section):
@@ -118,6 +171,7 @@ MOVED = {
     "precision": "model.precision",
     **{name: f"agent.{name}" for name in AgentSection.model_fields},
     **{name: f"optim.{name}" for name in OptimSection.model_fields},
+    "clip_eps": "optim.clip_low` and `optim.clip_high",
     **{name: f"schedule.{name}" for name in ScheduleSection.model_fields},
 }
 """Flat field names of the first run config, and where each lives now."""

@@ -53,7 +53,7 @@ def test_trainer_logprobs_equal_behaviour_logprobs_on_policy(temperature):
     batch = collate(graded, [1.0, 0.0, -1.0])
     assert int(batch.mask_BT.sum()) > 6
     with torch.no_grad():
-        recomputed = token_logprobs(model.eval(), batch, temperature=temperature)
+        recomputed = token_logprobs(model.eval(), batch, temperature=temperature)[0]
     sampled = batch.mask_BT > 0
     assert torch.allclose(recomputed[sampled], batch.behaviour_logprobs_BT[sampled], atol=5e-3)
     # every sampled token obeyed its constraint
@@ -72,9 +72,9 @@ def test_a_step_moves_the_policy_towards_the_advantaged_trajectory():
     batch = collate(graded, [1.0, -1.0])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     with torch.no_grad():
-        before = (token_logprobs(model, batch, temperature=1.0) * batch.mask_BT).sum(dim=1)
-    metrics = train_step(model=model, optimizer=optimizer, batch=batch, clip_eps=0.2, temperature=1.0)
+        before = (token_logprobs(model, batch, temperature=1.0)[0] * batch.mask_BT).sum(dim=1)
+    metrics = train_step(model=model, optimizer=optimizer, batch=batch, optim=config.optim, temperature=1.0)
     with torch.no_grad():
-        after = (token_logprobs(model, batch, temperature=1.0) * batch.mask_BT).sum(dim=1)
+        after = (token_logprobs(model, batch, temperature=1.0)[0] * batch.mask_BT).sum(dim=1)
     assert metrics["tokens"] == float(batch.mask_BT.sum())
     assert after[0] > before[0] and after[1] < before[1]

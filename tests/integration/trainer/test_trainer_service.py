@@ -1,0 +1,96 @@
+"""The trainer and checkpoints services in-process, on a NATS server of this module's own (the trainer's
+durable on RUNS would otherwise take other tests' runs), with real S3 and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from crucible.agent import grammar, tokenizer
+from crucible.bus import Bus
+from crucible.contracts import subjects
+from crucible.contracts.events import Event, StepReport
+from crucible.contracts.keys import refills_key
+from crucible.contracts.messages import GradedTrajectory, Reward, RunCreated, RunFinished, Trajectory
+from crucible.contracts.packing import pack
+from crucible.contracts.runconfig import RunConfig
+from crucible.localstack.servers import start_nats
+from crucible.runtime import running
+from services.checkpoints.app import setup as checkpoints_setup
+from services.checkpoints.settings import Settings as CheckpointsSettings
+from services.trainer.app import setup as trainer_setup
+from services.trainer.settings import Settings as TrainerSettings
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def nats_url(tmp_path_factory):
+    server = start_nats(state_dir=tmp_path_factory.mktemp("trainer-nats"))
+    yield server.url
+    server.stop()
+
+
+def graded(run_id: str, group: str, index: int, reward: float, tool: str) -> GradedTrajectory:
+    """One action `<act><tool:NAME><end>` after a short prompt; only the tool token was sampled."""
+    tokens = [tokenizer.BOS, *tokenizer.encode("use it"), tokenizer.ACT, tokenizer.tool_token(tool), tokenizer.END]
+    n = len(tokens)
+    trajectory = Trajectory(
+        run_id=run_id, trajectory_id=f"{group}-{index}", group_id=group, task_id="t", taskset="s",
+        tokens=pack("u32", tokens), logprobs=pack("f32", [0.0] * (n - 2) + [-1.79, 0.0]),
+        versions=pack("u32", [0] * n), loss_mask=pack("u8", [0] * (n - 2) + [1, 0]),
+        constraints=pack("u8", [grammar.FREE] * (n - 2) + [grammar.TOOL, grammar.FREE]),
+    )  # fmt: skip
+    return GradedTrajectory(
+        trajectory=trajectory, reward=Reward(total=reward, tests_passed=0, tests_total=1), graded_at=time.time()
+    )
+
+
+async def test_dynamic_sampling_drops_uniform_groups_asks_for_refills_and_reports_them(
+    common_settings, redis_url
+) -> None:
+    import redis.asyncio as aioredis
+
+    run_id = f"run-{uuid.uuid4().hex[:12]}"
+    config = RunConfig.model_validate(
+        {
+            "optim": {"drop_uniform_groups": True, "advantage": "rloo"},
+            "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1, "publish_every": 1},
+        }
+    )
+    trainer = common_settings(TrainerSettings, ack_wait_s=30, heartbeat_s=5)
+    async with (
+        running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
+        running("trainer", trainer, trainer_setup) as rt,
+    ):
+        bus: Bus = rt.bus
+        created = RunCreated(run_id=run_id, name="dapo", config=config, created_at=time.time())
+        await bus.publish(subjects.run_created(run_id), created, msg_id=run_id)
+        for message in (
+            graded(run_id, "uniform", 0, 1.0, "grep"),
+            graded(run_id, "uniform", 1, 1.0, "run"),
+            graded(run_id, "mixed", 0, 0.0, "grep"),
+            graded(run_id, "mixed", 1, 1.0, "submit"),
+        ):
+            await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
+        for _ in range(600):  # the run's durable end, observed
+            if await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the run did not finish")
+        event = await bus.latest(subjects.EVENTS, subjects.events(run_id, "step"), Event)
+    assert isinstance(event.data, StepReport)
+    step = event.data
+    assert step.step == 1 and sorted(step.trajectory_ids) == ["mixed-0", "mixed-1"]
+    assert step.metrics["groups_dropped"] == 1.0 and step.metrics["groups_dropped_fraction"] == 0.5
+    for name in ("clip_low_fraction", "clip_high_fraction", "ratio_p50", "kl_behaviour", "staleness_lag_0"):
+        assert name in step.metrics, name
+    redis = aioredis.from_url(redis_url)
+    try:
+        assert int(await redis.get(refills_key(run_id))) == 1
+    finally:
+        await redis.aclose()
