@@ -1,7 +1,9 @@
 """Grouped-query self-attention with rotary positions and an optional KV cache.
 
 Projections run at the model's precision (queries, keys and values as one fused `wqkv` weight, rows
-in that order); the attention core (scores, softmax, weighted sum) runs in fp32.
+in that order, with an optional bias); queries and keys may be RMS-normalised per head (`qk_norm="head"`,
+Qwen3) or over the whole projection (`"full"`, OLMoE) before the rotation; the attention core (scores,
+softmax, weighted sum) runs in fp32.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from torch import nn
 
 from crucible.model.config import ModelConfig
 from crucible.model.kvcache import KVCache
-from crucible.model.layers import Linear, apply_rotary
+from crucible.model.layers import Linear, RMSNorm, apply_rotary
 
 
 class Attention(nn.Module):
@@ -20,16 +22,28 @@ class Attention(nn.Module):
         super().__init__()
         self.layer_id = layer_id
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
-        self.wqkv = Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim)
+        self.wqkv = Linear(cfg.dim, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, bias=cfg.qkv_bias)
         self.wo = Linear(cfg.n_heads * cfg.head_dim, cfg.dim)
+        self.qk_norm = cfg.qk_norm
+        if cfg.qk_norm != "none":
+            q_width, k_width = (cfg.head_dim, cfg.head_dim) if cfg.qk_norm == "head" else (
+                cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim)  # fmt: skip
+            self.q_norm = RMSNorm(q_width, eps=cfg.norm_eps)
+            self.k_norm = RMSNorm(k_width, eps=cfg.norm_eps)
 
     def forward(
         self, x_BTD: torch.Tensor, cos_Td: torch.Tensor, sin_Td: torch.Tensor, cache: KVCache | None
     ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
-        qkv = self.wqkv(x_BTD).view(B, T, self.n_heads + 2 * self.n_kv_heads, self.head_dim)
-        qk, v = qkv.split([self.n_heads + self.n_kv_heads, self.n_kv_heads], dim=2)
-        q, k = apply_rotary(qk, cos_Td, sin_Td).transpose(1, 2).split([self.n_heads, self.n_kv_heads], dim=1)
+        H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
+        q, k, v = self.wqkv(x_BTD).split([H * hd, KV * hd, KV * hd], dim=-1)
+        if self.qk_norm == "full":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.view(B, T, H, hd), k.view(B, T, KV, hd), v.view(B, T, KV, hd)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rotary(q, cos_Td, sin_Td).transpose(1, 2)
+        k = apply_rotary(k, cos_Td, sin_Td).transpose(1, 2)
         v = v.transpose(1, 2).float()
         start = 0
         if cache is not None:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 VOCAB_SIZE = 320  # 256 byte tokens + 64 special tokens, the same in every preset
 PRECISIONS = ("fp32", "bf16", "mxfp8")
+QK_NORMS = ("none", "head", "full")
+ROUTER_SCORINGS = ("sigmoid", "softmax")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,6 +19,12 @@ class ModelConfig:
     Layers before `first_moe_layer` use a dense SwiGLU feed-forward of width `ffn_dim`; the rest use
     `num_experts` routed experts of width `expert_dim` (top `top_k` per token) plus, when
     `shared_expert_dim` > 0, one always-on shared expert. `num_experts == 0` gives a dense model.
+
+    The families of pretrained checkpoints are members of this one shape (crucible.model.hf): Llama-style
+    dense models (`qkv_bias` for Qwen2, `tie_embeddings`), Qwen3 (`qk_norm="head"`: RMSNorm of each
+    head's queries and keys; `head_size` independent of dim / n_heads), OLMoE (`qk_norm="full"`: over the
+    whole projection), and softmax-scored top-k routers (`router_scoring="softmax"`, with
+    `norm_topk_prob` renormalising the chosen weights) for Qwen3-MoE, Mixtral and OLMoE.
     """
 
     vocab_size: int = VOCAB_SIZE
@@ -37,15 +45,27 @@ class ModelConfig:
     bias_update_rate: float = 1e-3
     tie_embeddings: bool = False
     init_std: float = 0.02
+    head_size: int = 0
+    """Width of one attention head; 0: dim // n_heads."""
+    qkv_bias: bool = False
+    qk_norm: str = "none"
+    router_scoring: str = "sigmoid"
+    norm_topk_prob: bool = True
+    family: str = ""
+    """The Hugging Face model_type the weights came from ("" for Crucible's own presets)."""
 
     def __post_init__(self) -> None:
         problems = []
-        if self.dim % self.n_heads:
+        if not self.head_size and self.dim % self.n_heads:
             problems.append(f"dim {self.dim} is not divisible by n_heads {self.n_heads}")
         if self.n_heads % self.n_kv_heads:
             problems.append(f"n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}")
-        if (self.dim // self.n_heads) % 2:
+        if self.n_heads > 0 and self.head_dim % 2:
             problems.append("head_dim must be even for rotary embeddings")
+        if self.qk_norm not in QK_NORMS:
+            problems.append(f"qk_norm {self.qk_norm!r} is not one of {QK_NORMS}")
+        if self.router_scoring not in ROUTER_SCORINGS:
+            problems.append(f"router_scoring {self.router_scoring!r} is not one of {ROUTER_SCORINGS}")
         if self.num_experts < 0 or self.num_experts > 255:
             problems.append("num_experts must be in [0, 255] (routes travel as u8, 255 = not recorded)")
         if self.num_experts and not 1 <= self.top_k <= self.num_experts:
@@ -60,7 +80,7 @@ class ModelConfig:
 
     @property
     def head_dim(self) -> int:
-        return self.dim // self.n_heads
+        return self.head_size or self.dim // self.n_heads
 
     @property
     def moe_layers(self) -> tuple[int, ...]:
@@ -72,7 +92,9 @@ class ModelConfig:
     def param_count(self, *, active: bool = False) -> int:
         """Parameters of the model; with `active`, only those one token uses (top_k of the experts)."""
         d, hd = self.dim, self.head_dim
-        attention = d * (self.n_heads + 2 * self.n_kv_heads) * hd + self.n_heads * hd * d + 2 * d
+        qkv = (self.n_heads + 2 * self.n_kv_heads) * hd
+        norms = {"none": 0, "head": 2 * hd, "full": (self.n_heads + self.n_kv_heads) * hd}[self.qk_norm]
+        attention = d * qkv + self.n_heads * hd * d + 2 * d + (qkv if self.qkv_bias else 0) + norms
         dense_ffn = 3 * d * self.ffn_dim
         experts = (self.top_k if active else self.num_experts) * 3 * d * self.expert_dim
         moe_ffn = experts + 3 * d * self.shared_expert_dim + self.num_experts * d

@@ -10,15 +10,18 @@ from crucible.model.matmul import linear
 
 
 class Linear(nn.Module):
-    """Bias-free linear layer whose matmul precision is set from outside (`precision` attribute)."""
+    """Linear layer whose matmul precision is set from outside (`precision` attribute); bias-free unless
+    asked (Qwen2's attention projections), the bias added in fp32."""
 
-    def __init__(self, in_features: int, out_features: int) -> None:
+    def __init__(self, in_features: int, out_features: int, *, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.precision = "fp32"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, precision=self.precision)
+        y = linear(x, self.weight, precision=self.precision)
+        return y if self.bias is None else y.float() + self.bias
 
 
 class Embedding(nn.Module):

@@ -19,7 +19,9 @@ from crucible.model.matmul import gathered_linear, grouped_linear
 
 
 class Router(nn.Module):
-    """Sigmoid-scored top-k router in fp32.
+    """Top-k router in fp32, sigmoid-scored (DeepSeek-V3 style) or softmax-scored over all experts
+    (Qwen3-MoE, Mixtral, OLMoE); with `norm_topk_prob` the chosen experts' weights are renormalised to
+    sum to one, and every weight is then multiplied by `route_scale`.
 
     A per-expert bias (`expert_bias`, saved with the weights) is added to the scores only to choose the
     experts, never to weight them; `update_bias` nudges it against the load observed in training
@@ -28,9 +30,19 @@ class Router(nn.Module):
     data or expert parallelism, sum `tokens_per_expert` across ranks before calling `update_bias`.
     """
 
-    def __init__(self, dim: int, *, num_experts: int, top_k: int, route_scale: float) -> None:
+    def __init__(
+        self,
+        dim: int,
+        *,
+        num_experts: int,
+        top_k: int,
+        route_scale: float,
+        scoring: str = "sigmoid",
+        norm_topk_prob: bool = True,
+    ) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.route_scale = num_experts, top_k, route_scale
+        self.scoring, self.norm_topk_prob = scoring, norm_topk_prob
         self.weight = nn.Parameter(torch.empty(num_experts, dim))
         self.register_buffer("expert_bias", torch.zeros(num_experts))
         self.register_buffer("tokens_per_expert", torch.zeros(num_experts), persistent=False)
@@ -48,12 +60,15 @@ class Router(nn.Module):
         training, each row's k choices add to `tokens_per_expert`, except rows where `valid_N` is 0
         (padding); without `valid_N` every row counts.
         """
-        scores = torch.sigmoid(F.linear(x_ND.float(), self.weight.float()))
+        logits = F.linear(x_ND.float(), self.weight.float())
+        scores = torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
         ids = torch.topk(scores.detach() + self.expert_bias, self.top_k, dim=-1).indices
         if replay_NK is not None:
             ids = torch.where(replay_NK[:, :1] >= 0, replay_NK, ids)
         weights = scores.gather(1, ids)
-        weights = weights / weights.sum(dim=-1, keepdim=True) * self.route_scale
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        weights = weights * self.route_scale
         if self.training:
             with torch.no_grad():
                 E, flat = self.num_experts, ids.flatten()
@@ -102,7 +117,12 @@ class MoE(nn.Module):
         super().__init__()
         self.num_experts, self.top_k = cfg.num_experts, cfg.top_k
         self.router = Router(
-            cfg.dim, num_experts=cfg.num_experts, top_k=cfg.top_k, route_scale=cfg.route_scale
+            cfg.dim,
+            num_experts=cfg.num_experts,
+            top_k=cfg.top_k,
+            route_scale=cfg.route_scale,
+            scoring=cfg.router_scoring,
+            norm_topk_prob=cfg.norm_topk_prob,
         )
         self.experts = GroupedExperts(cfg.dim, cfg.expert_dim, num_experts=cfg.num_experts)
         self.shared_expert = FeedForward(cfg.dim, cfg.shared_expert_dim) if cfg.shared_expert_dim else None

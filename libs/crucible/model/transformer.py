@@ -189,9 +189,11 @@ class Transformer(nn.Module):
 
 
 def _init_std(name: str, cfg: ModelConfig) -> float | None:
-    """Standard deviation for a parameter, or None for norm weights (ones)."""
+    """Standard deviation for a parameter (0 for biases), or None for norm weights (ones)."""
     if name.endswith("norm.weight"):
         return None
+    if name.endswith(".bias"):
+        return 0.0
     if name.endswith(("wo.weight", "w2.weight", "w2_EDF")):
         return cfg.init_std / math.sqrt(2 * cfg.n_layers)
     return cfg.init_std

@@ -1,0 +1,357 @@
+"""Hugging Face checkpoints in and out of Crucible's one transformer.
+
+In: a directory with config.json and safetensors (one file, or shards with model.safetensors.index.json;
+experts stored per expert on disk or fused 3-D as transformers keeps them in memory), or a GGUF file
+(dequantized by transformers' GGUF loader). Out: a directory that
+`transformers.AutoModelForCausalLM.from_pretrained` loads with the same logits, so the usual inference
+stacks (vLLM, SGLang) can serve a trained policy.
+
+Families (config.json `model_type`): llama (SmolLM2 and other Llama-style dense models), qwen2 (q/k/v
+biases), qwen3 (per-head q/k RMSNorm), qwen3_moe, mixtral and olmoe (softmax top-k routers). Each maps
+onto `ModelConfig` fields; nothing is a separate implementation.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from crucible.model.config import ModelConfig
+from crucible.model.transformer import Transformer
+
+DENSE = ("llama", "qwen2", "qwen3")
+MOE = ("qwen3_moe", "mixtral", "olmoe")
+FAMILIES = DENSE + MOE
+PRECISION_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be imported or exported: the message names the file, tensor or field."""
+
+
+# --- config --------------------------------------------------------------------------------------
+
+
+def _rope_theta(hf: dict[str, Any], where: str) -> float:
+    rope = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling") or {}
+    kind = scaling.get("rope_type") or scaling.get("type") or rope.get("rope_type") or "default"
+    if kind != "default":
+        raise CheckpointError(f"{where}: rope type {kind!r} is not supported (only the default rotary embedding)")
+    theta = rope.get("rope_theta", hf.get("rope_theta"))
+    if theta is None:
+        raise CheckpointError(f"{where}: no rope_theta in config.json")
+    return float(theta)
+
+
+def config_from_hf(hf: dict[str, Any], *, where: str = "config.json") -> ModelConfig:
+    """The ModelConfig of a transformers config (its config.json as a dict)."""
+    model_type = hf.get("model_type")
+    if model_type not in FAMILIES:
+        raise CheckpointError(
+            f"{where}: model_type {model_type!r} is not supported; supported: {', '.join(FAMILIES)}"
+        )
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"{where}: hidden_act {hf['hidden_act']!r} is not supported (silu only)")
+    if hf.get("mlp_bias"):
+        raise CheckpointError(f"{where}: mlp_bias is not supported")
+    try:
+        dim, heads = int(hf["hidden_size"]), int(hf["num_attention_heads"])
+        fields: dict[str, Any] = {
+            "vocab_size": int(hf["vocab_size"]),
+            "dim": dim,
+            "n_layers": int(hf["num_hidden_layers"]),
+            "n_heads": heads,
+            "n_kv_heads": int(hf.get("num_key_value_heads") or heads),
+            "max_seq_len": int(hf.get("max_position_embeddings", 4096)),
+            "rope_theta": _rope_theta(hf, where),
+            "norm_eps": float(hf.get("rms_norm_eps", 1e-6)),
+            "tie_embeddings": bool(hf.get("tie_word_embeddings", False)),
+            "head_size": int(hf.get("head_dim") or dim // heads),
+            "qkv_bias": model_type == "qwen2" or bool(hf.get("attention_bias", False)),
+            "qk_norm": {"qwen3": "head", "qwen3_moe": "head", "olmoe": "full"}.get(model_type, "none"),
+            "ffn_dim": int(hf["intermediate_size"]),
+            "num_experts": 0,
+            "family": model_type,
+        }
+        if model_type in MOE:
+            experts = int(hf.get("num_experts") or hf.get("num_local_experts"))
+            fields |= {
+                "num_experts": experts,
+                "top_k": int(hf["num_experts_per_tok"]),
+                "expert_dim": int(hf.get("moe_intermediate_size") or hf["intermediate_size"]),
+                "router_scoring": "softmax",
+                "norm_topk_prob": True if model_type == "mixtral" else bool(hf.get("norm_topk_prob", False)),
+                "bias_update_rate": 0.0,  # these routers balance with an auxiliary loss, not a selection bias
+                "first_moe_layer": 0,
+            }
+            if model_type == "qwen3_moe" and (hf.get("mlp_only_layers") or int(hf.get("decoder_sparse_step", 1)) != 1):
+                raise CheckpointError(f"{where}: qwen3_moe with dense layers between sparse ones is not supported")
+    except (KeyError, TypeError) as exc:
+        raise CheckpointError(f"{where}: missing or malformed field {exc}") from None
+    try:
+        return ModelConfig(**fields)
+    except ValueError as exc:
+        raise CheckpointError(f"{where}: {exc}") from None
+
+
+def hf_config(cfg: ModelConfig) -> dict[str, Any]:
+    """config.json for a model of a supported family (the inverse of config_from_hf)."""
+    family = cfg.family or ("llama" if cfg.num_experts == 0 else "")
+    if family not in FAMILIES:
+        raise CheckpointError(
+            "this model has no Hugging Face equivalent yet: Crucible's own MoE presets (sigmoid router "
+            "with a selection bias) export once the DeepSeek-V3 family is supported"
+        )
+    if family == "llama" and (cfg.qkv_bias or cfg.qk_norm != "none"):
+        raise CheckpointError("a llama model has neither q/k/v biases nor q/k norms")
+    out: dict[str, Any] = {
+        "model_type": family,
+        "architectures": [ARCHITECTURES[family]],
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.dim,
+        "num_hidden_layers": cfg.n_layers,
+        "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "max_position_embeddings": cfg.max_seq_len,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "rope_theta": cfg.rope_theta,
+        "rms_norm_eps": cfg.norm_eps,
+        "tie_word_embeddings": cfg.tie_embeddings,
+        "hidden_act": "silu",
+        "intermediate_size": cfg.ffn_dim,
+        "attention_bias": cfg.qkv_bias and family != "qwen2",
+        "torch_dtype": "float32",
+    }
+    if family in MOE:
+        out |= {
+            "num_experts_per_tok": cfg.top_k,
+            "norm_topk_prob": cfg.norm_topk_prob,
+            "output_router_logits": False,
+        }
+        if family == "mixtral":
+            out |= {"num_local_experts": cfg.num_experts, "intermediate_size": cfg.expert_dim}
+        else:
+            out |= {"num_experts": cfg.num_experts, "moe_intermediate_size": cfg.expert_dim}
+        if family == "qwen3_moe":
+            out |= {"decoder_sparse_step": 1, "mlp_only_layers": []}
+    return out
+
+
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+}
+
+
+# --- tensors -------------------------------------------------------------------------------------
+
+
+def _expert_names(family: str) -> tuple[str, str, str, str, str]:
+    """(block prefix, router, gate, up, down) names of a family's per-expert layout on disk."""
+    if family == "mixtral":
+        return "block_sparse_moe", "gate", "w1", "w3", "w2"
+    return "mlp", "gate", "gate_proj", "up_proj", "down_proj"
+
+
+def to_crucible(hf: dict[str, torch.Tensor], cfg: ModelConfig, *, where: str) -> dict[str, torch.Tensor]:
+    """Hugging Face tensor names (on-disk per-expert or fused layout) to Crucible's state dict."""
+    take = _Taker(hf, where)
+    out = {"tok_embeddings.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
+    if not cfg.tie_embeddings:
+        out["output.weight"] = take("lm_head.weight")
+    else:
+        take.discard("lm_head.weight")
+    for i in range(cfg.n_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        out[q + "attention_norm.weight"] = take(p + "input_layernorm.weight")
+        out[q + "ffn_norm.weight"] = take(p + "post_attention_layernorm.weight")
+        attn = p + "self_attn."
+        out[q + "attention.wqkv.weight"] = torch.cat([take(attn + f"{x}_proj.weight") for x in "qkv"])
+        if cfg.qkv_bias:
+            out[q + "attention.wqkv.bias"] = torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"])
+        out[q + "attention.wo.weight"] = take(attn + "o_proj.weight")
+        if cfg.qk_norm != "none":
+            out[q + "attention.q_norm.weight"] = take(attn + "q_norm.weight")
+            out[q + "attention.k_norm.weight"] = take(attn + "k_norm.weight")
+        if i not in cfg.moe_layers:
+            for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+                out[q + f"feed_forward.{ours}.weight"] = take(p + f"mlp.{theirs}.weight")
+            continue
+        block, router, gate, up, down = _expert_names(cfg.family)
+        out[q + "moe.router.weight"] = take(p + f"{block}.{router}.weight")
+        experts = p + f"{block}.experts."
+        if take.has(experts + "gate_up_proj"):  # fused, as transformers holds it in memory
+            gate_up = take(experts + "gate_up_proj")  # [E, 2F, D]: gate rows, then up rows
+            out[q + "moe.experts.w1_EFD"], out[q + "moe.experts.w3_EFD"] = gate_up.chunk(2, dim=1)
+            out[q + "moe.experts.w2_EDF"] = take(experts + "down_proj")  # [E, D, F]
+        else:
+            for ours, theirs in (("w1_EFD", gate), ("w3_EFD", up), ("w2_EDF", down)):
+                out[q + f"moe.experts.{ours}"] = torch.stack(
+                    [take(experts + f"{e}.{theirs}.weight") for e in range(cfg.num_experts)]
+                )
+        out[q + "moe.router.expert_bias"] = torch.zeros(cfg.num_experts)
+    take.check_all_used()
+    return {k: v.contiguous() for k, v in out.items()}
+
+
+def from_crucible(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """Crucible's state dict to Hugging Face names, experts per expert (the layout checkpoints keep on disk)."""
+    family = hf_config(cfg)["model_type"]
+    hd, H, KV = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
+    out = {"model.embed_tokens.weight": state["tok_embeddings.weight"], "model.norm.weight": state["norm.weight"]}
+    if not cfg.tie_embeddings:
+        out["lm_head.weight"] = state["output.weight"]
+    for i in range(cfg.n_layers):
+        p, q = f"model.layers.{i}.", f"layers.{i}."
+        out[p + "input_layernorm.weight"] = state[q + "attention_norm.weight"]
+        out[p + "post_attention_layernorm.weight"] = state[q + "ffn_norm.weight"]
+        attn = p + "self_attn."
+        for x, part in zip("qkv", state[q + "attention.wqkv.weight"].split([H * hd, KV * hd, KV * hd])):
+            out[attn + f"{x}_proj.weight"] = part
+        if cfg.qkv_bias:
+            for x, part in zip("qkv", state[q + "attention.wqkv.bias"].split([H * hd, KV * hd, KV * hd])):
+                out[attn + f"{x}_proj.bias"] = part
+        out[attn + "o_proj.weight"] = state[q + "attention.wo.weight"]
+        if cfg.qk_norm != "none":
+            out[attn + "q_norm.weight"] = state[q + "attention.q_norm.weight"]
+            out[attn + "k_norm.weight"] = state[q + "attention.k_norm.weight"]
+        if i not in cfg.moe_layers:
+            for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+                out[p + f"mlp.{theirs}.weight"] = state[q + f"feed_forward.{ours}.weight"]
+            continue
+        if bool(state[q + "moe.router.expert_bias"].any()):
+            raise CheckpointError(f"layer {i}: the router's selection bias is not zero and has no Hugging Face form")
+        block, router, gate, up, down = _expert_names(family)
+        out[p + f"{block}.{router}.weight"] = state[q + "moe.router.weight"]
+        for ours, theirs in (("w1_EFD", gate), ("w3_EFD", up), ("w2_EDF", down)):
+            for e, w in enumerate(state[q + f"moe.experts.{ours}"]):
+                out[p + f"{block}.experts.{e}.{theirs}.weight"] = w
+    return {k: v.detach().to("cpu").contiguous() for k, v in out.items()}
+
+
+class _Taker:
+    """Hands out tensors of a checkpoint once each, with errors that name the file and tensor."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], where: str) -> None:
+        self.tensors, self.where, self.used = tensors, where, set()
+
+    def has(self, name: str) -> bool:
+        return name in self.tensors
+
+    def discard(self, name: str) -> None:
+        self.used.add(name)
+
+    def __call__(self, name: str) -> torch.Tensor:
+        if name not in self.tensors:
+            raise CheckpointError(f"{self.where}: tensor {name} is missing")
+        self.used.add(name)
+        return self.tensors[name].to(torch.float32)
+
+    def check_all_used(self) -> None:
+        extra = sorted(set(self.tensors) - self.used)
+        if extra:
+            raise CheckpointError(f"{self.where}: tensors the model has no place for: {extra[:5]}")
+
+
+# --- files ---------------------------------------------------------------------------------------
+
+
+def read_safetensors_dir(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint directory: one model.safetensors, or the shards its index names."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError) as exc:
+            raise CheckpointError(f"{index}: not a safetensors index: {exc}") from None
+    else:
+        files = sorted(p.name for p in path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path}: no safetensors files")
+    tensors: dict[str, torch.Tensor] = {}
+    for name in files:
+        file = path / name
+        try:
+            tensors |= load_file(os.fspath(file))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise CheckpointError(f"{file}: cannot read: {exc}") from None
+    return tensors
+
+
+def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype = torch.float32) -> Transformer:
+    """A Crucible transformer with a checkpoint's weights: a Hugging Face directory or a .gguf file.
+    Its forward on token ids [B, T] returns an object whose `.logits` are [B, T, vocab]."""
+    if dtype not in PRECISION_OF_DTYPE:
+        raise ValueError(f"dtype must be one of {list(PRECISION_OF_DTYPE)}, got {dtype}")
+    path = Path(path)
+    if path.suffix == ".gguf":
+        hf, tensors, where = _read_gguf(path)
+    elif path.is_dir():
+        config_file = path / "config.json"
+        try:
+            hf = json.loads(config_file.read_text())
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"{config_file}: cannot read: {exc}") from None
+        tensors, where = read_safetensors_dir(path), os.fspath(path)
+    else:
+        raise CheckpointError(f"{path}: neither a checkpoint directory nor a .gguf file")
+    cfg = config_from_hf(hf, where=where)
+    return _instantiate(cfg, to_crucible(tensors, cfg, where=where), PRECISION_OF_DTYPE[dtype], where)
+
+
+def _instantiate(cfg: ModelConfig, state: dict[str, torch.Tensor], precision: str, where: str) -> Transformer:
+    model = Transformer(cfg, precision=precision)
+    expected = model.state_dict()
+    for name, tensor in state.items():
+        if tuple(tensor.shape) != tuple(expected[name].shape):
+            raise CheckpointError(
+                f"{where}: tensor for {name} has shape {tuple(tensor.shape)}, the config needs "
+                f"{tuple(expected[name].shape)}"
+            )
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def _read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], str]:
+    """config and dequantized tensors of a GGUF file, through transformers' GGUF loader."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    where = os.fspath(path)
+    if not path.is_file():
+        raise CheckpointError(f"{where}: no such file")
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    except Exception as exc:  # the loader raises many types for a truncated or foreign file
+        raise CheckpointError(f"{where}: not a readable GGUF checkpoint: {type(exc).__name__}: {exc}") from None
+    tensors = dict(hf_model.state_dict())
+    return config.to_dict(), tensors, where
+
+
+def export_pretrained(model: Transformer, out: str | os.PathLike) -> Path:
+    """Write `model` as a Hugging Face checkpoint directory (config.json + model.safetensors)."""
+    from safetensors.torch import save_file
+
+    out = Path(out)
+    config = hf_config(model.cfg)
+    tensors = from_crucible(model.state_dict(), model.cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "model.safetensors.partial"
+    save_file({k: v.to(torch.float32) for k, v in tensors.items()}, os.fspath(partial), metadata={"format": "pt"})
+    partial.rename(out / "model.safetensors")
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    return out
+

@@ -1,0 +1,147 @@
+"""Hugging Face checkpoints in and out: tiny random models built locally with transformers (no
+download), imported with the same logits and greedy continuation, exported and reloaded the same."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from crucible.model import KVCache
+from crucible.model.hf import CheckpointError, export_pretrained, load_pretrained
+
+SIZES = dict(
+    vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+    intermediate_size=96, max_position_embeddings=128, initializer_range=0.2,
+)  # fmt: skip
+FAMILIES = {
+    "llama": (transformers.LlamaConfig, {}),
+    "llama-tied": (transformers.LlamaConfig, {"tie_word_embeddings": True, "rope_theta": 100000.0}),
+    "qwen2": (transformers.Qwen2Config, {}),
+    "qwen3": (transformers.Qwen3Config, {"head_dim": 32}),
+    "qwen3_moe": (
+        transformers.Qwen3MoeConfig,
+        {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32, "norm_topk_prob": True},
+    ),
+    "mixtral": (transformers.MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "olmoe": (transformers.OlmoeConfig, {"num_experts": 4, "num_experts_per_tok": 2}),
+}
+
+
+def hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
+    config_cls, extra = FAMILIES[family]
+    torch.manual_seed(seed)
+    config = config_cls(**SIZES, **extra)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    with torch.no_grad():  # norms and biases away from their 1 / 0 init, so that a mapping error shows
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith(".bias"):
+                param.add_(0.1 * torch.randn_like(param))
+    return model
+
+
+def tokens(seed: int, shape=(2, 12)) -> torch.Tensor:
+    return torch.randint(0, SIZES["vocab_size"], shape, generator=torch.Generator().manual_seed(seed))
+
+
+@torch.no_grad()
+def greedy_crucible(model, prompt: torch.Tensor, n: int) -> list[int]:
+    cache: KVCache = model.new_cache(batch_size=1, max_len=prompt.shape[1] + n)
+    logits = model(prompt, cache=cache).logits[0, -1]
+    out = []
+    for _ in range(n):
+        token = int(logits.argmax())
+        out.append(token)
+        logits = model(torch.tensor([[token]]), cache=cache).logits[0, -1]
+    return out
+
+
+@torch.no_grad()
+def greedy_hf(model, prompt: torch.Tensor, n: int) -> list[int]:
+    ids = prompt
+    for _ in range(n):
+        token = model(ids).logits[0, -1].argmax()
+        ids = torch.cat([ids, token.view(1, 1)], dim=1)
+    return ids[0, prompt.shape[1] :].tolist()
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_import_matches_transformers_and_export_reloads(family: str, tmp_path: Path) -> None:
+    reference = hf_model(family)
+    reference.save_pretrained(tmp_path / "hf")
+    model = load_pretrained(tmp_path / "hf")
+    x = tokens(1)
+    with torch.no_grad():
+        expected = reference(x).logits
+        got = model(x).logits
+    assert got.shape == expected.shape
+    assert (got - expected).abs().max().item() <= 1e-4
+    prompt = tokens(2, (1, 6))
+    assert greedy_crucible(model, prompt, 32) == greedy_hf(reference, prompt, 32)
+
+    export_pretrained(model, tmp_path / "out")
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert (reloaded(x).logits - expected).abs().max().item() <= 1e-4
+
+
+def test_fused_expert_layout_imports_too(tmp_path: Path) -> None:
+    """transformers 5 keeps experts fused 3-D in memory ([E, 2F, D] gate then up, [E, D, F] down)."""
+    from safetensors.torch import save_file
+
+    reference = hf_model("qwen3_moe")
+    reference.save_pretrained(tmp_path / "hf")
+    state = {k: v.contiguous() for k, v in reference.state_dict().items()}
+    assert any(k.endswith("experts.gate_up_proj") for k in state), sorted(state)[:8]
+    (tmp_path / "fused").mkdir()
+    save_file(state, str(tmp_path / "fused" / "model.safetensors"))
+    (tmp_path / "fused" / "config.json").write_text((tmp_path / "hf" / "config.json").read_text())
+    x = tokens(3)
+    with torch.no_grad():
+        assert (load_pretrained(tmp_path / "fused")(x).logits - reference(x).logits).abs().max() <= 1e-4
+
+
+def test_sharded_checkpoints_import(tmp_path: Path) -> None:
+    reference = hf_model("llama")
+    reference.save_pretrained(tmp_path / "hf", max_shard_size="20KB")
+    assert (tmp_path / "hf" / "model.safetensors.index.json").is_file()
+    x = tokens(4)
+    with torch.no_grad():
+        assert (load_pretrained(tmp_path / "hf")(x).logits - reference(x).logits).abs().max() <= 1e-4
+
+
+def _broken(tmp_path: Path, edit) -> Path:
+    hf_model("qwen2").save_pretrained(tmp_path / "hf")
+    edit(tmp_path / "hf")
+    return tmp_path / "hf"
+
+
+def _config(path: Path, **changes) -> None:
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(config | changes))
+
+
+def _drop_tensor(path: Path, name: str) -> None:
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(str(path / "model.safetensors"))
+    del state[name]
+    save_file(state, str(path / "model.safetensors"))
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda p: _config(p, model_type="gpt2"), "model_type 'gpt2' is not supported"),
+        (lambda p: _config(p, hidden_size=32), "has shape"),
+        (lambda p: _drop_tensor(p, "model.layers.1.self_attn.k_proj.bias"), "k_proj.bias is missing"),
+        (lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:1000]), "cannot read"),
+        (lambda p: _config(p, rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope type 'yarn'"),
+    ],
+)
+def test_bad_checkpoints_are_clear_errors(tmp_path: Path, edit, message: str) -> None:
+    with pytest.raises(CheckpointError, match=message):
+        load_pretrained(_broken(tmp_path, edit))
