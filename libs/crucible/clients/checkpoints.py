@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from crucible.bus import Bus, RemoteError
@@ -26,14 +25,13 @@ from crucible.contracts.messages import (
     TensorEntry,
     WeightsManifest,
 )
+from crucible.model.shards import DEFAULT_SHARD_BYTES, plan_shards
 from crucible.objectstore import IntegrityError
 
 if TYPE_CHECKING:
     import torch
 
     from crucible.objectstore import ObjectStore
-
-DEFAULT_SHARD_BYTES = 256 * 1024 * 1024
 
 
 class WeightsError(RuntimeError):
@@ -43,22 +41,6 @@ class WeightsError(RuntimeError):
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def plan_shards(*, sizes: dict[str, int], shard_bytes: int) -> Iterator[list[str]]:
-    """Group tensor names, in order, into shards of at most `shard_bytes` (a bigger tensor is alone)."""
-    if shard_bytes <= 0:
-        raise ValueError(f"shard_bytes must be positive, got {shard_bytes}")
-    current: list[str] = []
-    used = 0
-    for name, size in sizes.items():
-        if current and used + size > shard_bytes:
-            yield current
-            current, used = [], 0
-        current.append(name)
-        used += size
-    if current:
-        yield current
 
 
 async def publish_weights(

@@ -145,3 +145,24 @@ def _drop_tensor(path: Path, name: str) -> None:
 def test_bad_checkpoints_are_clear_errors(tmp_path: Path, edit, message: str) -> None:
     with pytest.raises(CheckpointError, match=message):
         load_pretrained(_broken(tmp_path, edit))
+
+
+@pytest.mark.slow
+def test_smollm2_from_its_package_answers_through_its_chat_template_like_transformers() -> None:
+    from crucible.model.sources import package_file, resolve
+
+    path = package_file("smollm2-135m-instruct")
+    assert resolve("package:smollm2-135m-instruct").kind == "gguf"
+    model = load_pretrained(path)
+    assert (model.cfg.family, model.cfg.n_layers, model.cfg.vocab_size, model.cfg.tie_embeddings) == (
+        "llama", 30, 49152, True)  # fmt: skip
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    ours = greedy_crucible(model, ids, 32)
+    assert "Paris" in tokenizer.decode(ours)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    assert ours == greedy_hf(reference, ids, 32)

