@@ -9,6 +9,7 @@ from dataclasses import dataclass
 VOCAB_SIZE = 320  # 256 byte tokens + 64 special tokens, the same in every preset
 PRECISIONS = ("fp32", "bf16", "mxfp8")
 QK_NORMS = ("none", "head", "full")
+ATTENTIONS = ("gqa", "mla")
 ROUTER_SCORINGS = ("sigmoid", "softmax")
 
 
@@ -23,8 +24,12 @@ class ModelConfig:
     The families of pretrained checkpoints are members of this one shape (crucible.model.hf): Llama-style
     dense models (`qkv_bias` for Qwen2, `tie_embeddings`), Qwen3 (`qk_norm="head"`: RMSNorm of each
     head's queries and keys; `head_size` independent of dim / n_heads), OLMoE (`qk_norm="full"`: over the
-    whole projection), and softmax-scored top-k routers (`router_scoring="softmax"`, with
-    `norm_topk_prob` renormalising the chosen weights) for Qwen3-MoE, Mixtral and OLMoE.
+    whole projection), softmax-scored top-k routers (`router_scoring="softmax"`, with `norm_topk_prob`
+    renormalising the chosen weights) for Qwen3-MoE, Mixtral and OLMoE, and DeepSeek-V3: multi-head
+    latent attention (`attention="mla"`, queries and keys/values through low-rank latents, rotary
+    positions on `qk_rope_head_dim` features only), the sigmoid router with its selection bias (the one
+    Crucible's presets use) limited to `topk_group` of `n_group` expert groups, shared experts and
+    dense first layers.
     """
 
     vocab_size: int = VOCAB_SIZE
@@ -53,6 +58,18 @@ class ModelConfig:
     norm_topk_prob: bool = True
     family: str = ""
     """The Hugging Face model_type the weights came from ("" for Crucible's own presets)."""
+    attention: str = "gqa"
+    q_lora_rank: int = 0
+    """MLA: rank of the query latent (0: queries projected directly)."""
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
+    """MLA: the rotary features come in interleaved pairs (DeepSeek's layout)."""
+    n_group: int = 1
+    topk_group: int = 1
+    """Experts are chosen only within the `topk_group` best of `n_group` equal groups (DeepSeek-V3)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -64,6 +81,16 @@ class ModelConfig:
             problems.append("head_dim must be even for rotary embeddings")
         if self.qk_norm not in QK_NORMS:
             problems.append(f"qk_norm {self.qk_norm!r} is not one of {QK_NORMS}")
+        if self.attention not in ATTENTIONS:
+            problems.append(f"attention {self.attention!r} is not one of {ATTENTIONS}")
+        if self.attention == "mla" and min(
+            self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
+        ) <= 0:
+            problems.append("mla needs positive kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim")
+        if self.attention == "mla" and self.qk_rope_head_dim % 2:
+            problems.append("qk_rope_head_dim must be even for rotary embeddings")
+        if self.num_experts and (self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group):
+            problems.append(f"num_experts {self.num_experts} in n_group {self.n_group} groups, topk_group {self.topk_group}")
         if self.router_scoring not in ROUTER_SCORINGS:
             problems.append(f"router_scoring {self.router_scoring!r} is not one of {ROUTER_SCORINGS}")
         if self.num_experts < 0 or self.num_experts > 255:
@@ -83,6 +110,11 @@ class ModelConfig:
         return self.head_size or self.dim // self.n_heads
 
     @property
+    def rope_dim(self) -> int:
+        """Features per head that the rotary embedding turns."""
+        return self.qk_rope_head_dim if self.attention == "mla" else self.head_dim
+
+    @property
     def moe_layers(self) -> tuple[int, ...]:
         """Indices of the layers with routed experts."""
         if self.num_experts == 0:
@@ -95,6 +127,12 @@ class ModelConfig:
         qkv = (self.n_heads + 2 * self.n_kv_heads) * hd
         norms = {"none": 0, "head": 2 * hd, "full": (self.n_heads + self.n_kv_heads) * hd}[self.qk_norm]
         attention = d * qkv + self.n_heads * hd * d + 2 * d + (qkv if self.qkv_bias else 0) + norms
+        if self.attention == "mla":
+            H, qk = self.n_heads, self.qk_nope_head_dim + self.qk_rope_head_dim
+            ql, kvl = self.q_lora_rank, self.kv_lora_rank
+            q = d * ql + ql + ql * H * qk if ql else d * H * qk
+            kv = d * (kvl + self.qk_rope_head_dim) + kvl + kvl * H * (self.qk_nope_head_dim + self.v_head_dim)
+            attention = q + kv + H * self.v_head_dim * d + 2 * d
         dense_ffn = 3 * d * self.ffn_dim
         experts = (self.top_k if active else self.num_experts) * 3 * d * self.expert_dim
         moe_ffn = experts + 3 * d * self.shared_expert_dim + self.num_experts * d

@@ -7,8 +7,9 @@ experts stored per expert on disk or fused 3-D as transformers keeps them in mem
 stacks (vLLM, SGLang) can serve a trained policy.
 
 Families (config.json `model_type`): llama (SmolLM2 and other Llama-style dense models), qwen2 (q/k/v
-biases), qwen3 (per-head q/k RMSNorm), qwen3_moe, mixtral and olmoe (softmax top-k routers). Each maps
-onto `ModelConfig` fields; nothing is a separate implementation.
+biases), qwen3 (per-head q/k RMSNorm), qwen3_moe, mixtral and olmoe (softmax top-k routers), deepseek_v3
+(latent attention, sigmoid router with its selection bias, shared experts, dense first layers). Each
+maps onto `ModelConfig` fields; nothing is a separate implementation.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from crucible.model.config import ModelConfig
 from crucible.model.transformer import Transformer
 
 DENSE = ("llama", "qwen2", "qwen3")
-MOE = ("qwen3_moe", "mixtral", "olmoe")
+MOE = ("qwen3_moe", "mixtral", "olmoe", "deepseek_v3")
 FAMILIES = DENSE + MOE
 PRECISION_OF_DTYPE = {torch.float32: "fp32", torch.bfloat16: "bf16"}
 
@@ -78,7 +79,9 @@ def config_from_hf(hf: dict[str, Any], *, where: str = "config.json") -> ModelCo
             "num_experts": 0,
             "family": model_type,
         }
-        if model_type in MOE:
+        if model_type == "deepseek_v3":
+            fields |= _deepseek_fields(hf, where)
+        elif model_type in MOE:
             experts = int(hf.get("num_experts") or hf.get("num_local_experts"))
             fields |= {
                 "num_experts": experts,
@@ -99,13 +102,44 @@ def config_from_hf(hf: dict[str, Any], *, where: str = "config.json") -> ModelCo
         raise CheckpointError(f"{where}: {exc}") from None
 
 
+def _deepseek_fields(hf: dict[str, Any], where: str) -> dict[str, Any]:
+    if hf.get("attention_bias"):
+        raise CheckpointError(f"{where}: deepseek_v3 with attention_bias is not supported")
+    if int(hf.get("moe_layer_freq", 1)) != 1:
+        raise CheckpointError(f"{where}: deepseek_v3 with moe_layer_freq != 1 is not supported")
+    nope, rope = int(hf["qk_nope_head_dim"]), int(hf["qk_rope_head_dim"])
+    expert_dim = int(hf["moe_intermediate_size"])
+    return {
+        "attention": "mla",
+        "n_kv_heads": int(hf["num_attention_heads"]),
+        "head_size": nope + rope,
+        "q_lora_rank": int(hf.get("q_lora_rank") or 0),
+        "kv_lora_rank": int(hf["kv_lora_rank"]),
+        "qk_nope_head_dim": nope,
+        "qk_rope_head_dim": rope,
+        "v_head_dim": int(hf["v_head_dim"]),
+        "rope_interleave": bool(hf.get("rope_interleave", True)),
+        "num_experts": int(hf["n_routed_experts"]),
+        "top_k": int(hf["num_experts_per_tok"]),
+        "expert_dim": expert_dim,
+        "shared_expert_dim": expert_dim * int(hf.get("n_shared_experts") or 0),
+        "first_moe_layer": int(hf.get("first_k_dense_replace", 0)),
+        "route_scale": float(hf.get("routed_scaling_factor", 1.0)),
+        "router_scoring": "sigmoid",
+        "norm_topk_prob": bool(hf.get("norm_topk_prob", True)),
+        "n_group": int(hf.get("n_group") or 1),
+        "topk_group": int(hf.get("topk_group") or 1),
+        "qkv_bias": False,
+    }
+
+
 def hf_config(cfg: ModelConfig) -> dict[str, Any]:
     """config.json for a model of a supported family (the inverse of config_from_hf)."""
     family = cfg.family or ("llama" if cfg.num_experts == 0 else "")
     if family not in FAMILIES:
         raise CheckpointError(
-            "this model has no Hugging Face equivalent yet: Crucible's own MoE presets (sigmoid router "
-            "with a selection bias) export once the DeepSeek-V3 family is supported"
+            "this model has no Hugging Face equivalent: Crucible's own MoE presets pair DeepSeek-V3's "
+            "router with grouped-query attention; import a DeepSeek-V3 checkpoint to train one that exports"
         )
     if family == "llama" and (cfg.qkv_bias or cfg.qk_norm != "none"):
         raise CheckpointError("a llama model has neither q/k/v biases nor q/k norms")
@@ -128,7 +162,30 @@ def hf_config(cfg: ModelConfig) -> dict[str, Any]:
         "attention_bias": cfg.qkv_bias and family != "qwen2",
         "torch_dtype": "float32",
     }
-    if family in MOE:
+    if family == "deepseek_v3":
+        out |= {
+            "num_key_value_heads": cfg.n_heads,
+            "head_dim": cfg.qk_rope_head_dim,
+            "q_lora_rank": cfg.q_lora_rank or None,
+            "kv_lora_rank": cfg.kv_lora_rank,
+            "qk_nope_head_dim": cfg.qk_nope_head_dim,
+            "qk_rope_head_dim": cfg.qk_rope_head_dim,
+            "qk_head_dim": cfg.qk_nope_head_dim + cfg.qk_rope_head_dim,
+            "v_head_dim": cfg.v_head_dim,
+            "rope_interleave": cfg.rope_interleave,
+            "n_routed_experts": cfg.num_experts,
+            "num_experts_per_tok": cfg.top_k,
+            "moe_intermediate_size": cfg.expert_dim,
+            "n_shared_experts": cfg.shared_expert_dim // cfg.expert_dim,
+            "first_k_dense_replace": cfg.first_moe_layer,
+            "routed_scaling_factor": cfg.route_scale,
+            "norm_topk_prob": cfg.norm_topk_prob,
+            "n_group": cfg.n_group,
+            "topk_group": cfg.topk_group,
+            "moe_layer_freq": 1,
+            "num_nextn_predict_layers": 0,
+        }
+    elif family in MOE:
         out |= {
             "num_experts_per_tok": cfg.top_k,
             "norm_topk_prob": cfg.norm_topk_prob,
@@ -150,7 +207,13 @@ ARCHITECTURES = {
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
 }
+MLA_NAMES = (
+    ("wq_a", "q_a_proj"), ("q_norm", "q_a_layernorm"), ("wq_b", "q_b_proj"), ("wq", "q_proj"),
+    ("wkv_a", "kv_a_proj_with_mqa"), ("kv_norm", "kv_a_layernorm"), ("wkv_b", "kv_b_proj"), ("wo", "o_proj"),
+)  # fmt: skip
+"""Latent attention: (Crucible, Hugging Face) module names; wq_a/q_norm/wq_b or wq, by q_lora_rank."""
 
 
 # --- tensors -------------------------------------------------------------------------------------
@@ -176,10 +239,14 @@ def to_crucible(hf: dict[str, torch.Tensor], cfg: ModelConfig, *, where: str) ->
         out[q + "attention_norm.weight"] = take(p + "input_layernorm.weight")
         out[q + "ffn_norm.weight"] = take(p + "post_attention_layernorm.weight")
         attn = p + "self_attn."
-        out[q + "attention.wqkv.weight"] = torch.cat([take(attn + f"{x}_proj.weight") for x in "qkv"])
-        if cfg.qkv_bias:
-            out[q + "attention.wqkv.bias"] = torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"])
-        out[q + "attention.wo.weight"] = take(attn + "o_proj.weight")
+        if cfg.attention == "mla":
+            for ours, theirs in _mla_names(cfg):
+                out[q + f"attention.{ours}.weight"] = take(attn + f"{theirs}.weight")
+        else:
+            out[q + "attention.wqkv.weight"] = torch.cat([take(attn + f"{x}_proj.weight") for x in "qkv"])
+            if cfg.qkv_bias:
+                out[q + "attention.wqkv.bias"] = torch.cat([take(attn + f"{x}_proj.bias") for x in "qkv"])
+            out[q + "attention.wo.weight"] = take(attn + "o_proj.weight")
         if cfg.qk_norm != "none":
             out[q + "attention.q_norm.weight"] = take(attn + "q_norm.weight")
             out[q + "attention.k_norm.weight"] = take(attn + "k_norm.weight")
@@ -199,7 +266,11 @@ def to_crucible(hf: dict[str, torch.Tensor], cfg: ModelConfig, *, where: str) ->
                 out[q + f"moe.experts.{ours}"] = torch.stack(
                     [take(experts + f"{e}.{theirs}.weight") for e in range(cfg.num_experts)]
                 )
-        out[q + "moe.router.expert_bias"] = torch.zeros(cfg.num_experts)
+        bias = p + f"{block}.{router}.e_score_correction_bias"
+        out[q + "moe.router.expert_bias"] = take(bias) if take.has(bias) else torch.zeros(cfg.num_experts)
+        if cfg.shared_expert_dim:
+            for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+                out[q + f"moe.shared_expert.{ours}.weight"] = take(p + f"{block}.shared_experts.{theirs}.weight")
     take.check_all_used()
     return {k: v.contiguous() for k, v in out.items()}
 
@@ -216,12 +287,16 @@ def from_crucible(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
         out[p + "input_layernorm.weight"] = state[q + "attention_norm.weight"]
         out[p + "post_attention_layernorm.weight"] = state[q + "ffn_norm.weight"]
         attn = p + "self_attn."
-        for x, part in zip("qkv", state[q + "attention.wqkv.weight"].split([H * hd, KV * hd, KV * hd])):
-            out[attn + f"{x}_proj.weight"] = part
-        if cfg.qkv_bias:
-            for x, part in zip("qkv", state[q + "attention.wqkv.bias"].split([H * hd, KV * hd, KV * hd])):
-                out[attn + f"{x}_proj.bias"] = part
-        out[attn + "o_proj.weight"] = state[q + "attention.wo.weight"]
+        if cfg.attention == "mla":
+            for ours, theirs in _mla_names(cfg):
+                out[attn + f"{theirs}.weight"] = state[q + f"attention.{ours}.weight"]
+        else:
+            for x, part in zip("qkv", state[q + "attention.wqkv.weight"].split([H * hd, KV * hd, KV * hd])):
+                out[attn + f"{x}_proj.weight"] = part
+            if cfg.qkv_bias:
+                for x, part in zip("qkv", state[q + "attention.wqkv.bias"].split([H * hd, KV * hd, KV * hd])):
+                    out[attn + f"{x}_proj.bias"] = part
+            out[attn + "o_proj.weight"] = state[q + "attention.wo.weight"]
         if cfg.qk_norm != "none":
             out[attn + "q_norm.weight"] = state[q + "attention.q_norm.weight"]
             out[attn + "k_norm.weight"] = state[q + "attention.k_norm.weight"]
@@ -229,14 +304,23 @@ def from_crucible(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
             for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
                 out[p + f"mlp.{theirs}.weight"] = state[q + f"feed_forward.{ours}.weight"]
             continue
-        if bool(state[q + "moe.router.expert_bias"].any()):
-            raise CheckpointError(f"layer {i}: the router's selection bias is not zero and has no Hugging Face form")
         block, router, gate, up, down = _expert_names(family)
+        if family == "deepseek_v3":
+            out[p + f"{block}.{router}.e_score_correction_bias"] = state[q + "moe.router.expert_bias"]
+            for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+                out[p + f"{block}.shared_experts.{theirs}.weight"] = state[q + f"moe.shared_expert.{ours}.weight"]
+        elif bool(state[q + "moe.router.expert_bias"].any()):
+            raise CheckpointError(f"layer {i}: the router's selection bias is not zero and has no {family} form")
         out[p + f"{block}.{router}.weight"] = state[q + "moe.router.weight"]
         for ours, theirs in (("w1_EFD", gate), ("w3_EFD", up), ("w2_EDF", down)):
             for e, w in enumerate(state[q + f"moe.experts.{ours}"]):
                 out[p + f"{block}.experts.{e}.{theirs}.weight"] = w
     return {k: v.detach().to("cpu").contiguous() for k, v in out.items()}
+
+
+def _mla_names(cfg: ModelConfig) -> list[tuple[str, str]]:
+    direct = ("wq",) if cfg.q_lora_rank else ("wq_a", "q_norm", "wq_b")
+    return [(ours, theirs) for ours, theirs in MLA_NAMES if ours not in direct]
 
 
 class _Taker:

@@ -11,7 +11,8 @@ import torch
 class KVCache:
     """Keys and values of the tokens seen so far, for every sequence of a batch in lockstep.
 
-    k and v are [n_layers, batch, n_kv_heads, max_len, head_dim]; positions [0, length) are valid.
+    k and v are [n_layers, batch, n_kv_heads, max_len, head_dim] (v's last dim may differ: latent
+    attention caches its latent as k and its shared rotary key as v); positions [0, length) are valid.
     The model writes the new tokens' keys and values and then advances `length`.
     """
 
@@ -28,14 +29,16 @@ class KVCache:
         n_kv_heads: int,
         max_len: int,
         head_dim: int,
+        v_dim: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str | None = None,
     ) -> KVCache:
         if batch_size <= 0 or max_len <= 0:
             raise ValueError(f"batch_size and max_len must be positive, got {batch_size}, {max_len}")
-        shape = (n_layers, batch_size, n_kv_heads, max_len, head_dim)
+        shape = (n_layers, batch_size, n_kv_heads, max_len)
         return cls(
-            k=torch.zeros(shape, dtype=dtype, device=device), v=torch.zeros(shape, dtype=dtype, device=device)
+            k=torch.zeros((*shape, head_dim), dtype=dtype, device=device),
+            v=torch.zeros((*shape, head_dim if v_dim is None else v_dim), dtype=dtype, device=device),
         )
 
     @property

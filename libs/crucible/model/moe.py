@@ -39,10 +39,13 @@ class Router(nn.Module):
         route_scale: float,
         scoring: str = "sigmoid",
         norm_topk_prob: bool = True,
+        n_group: int = 1,
+        topk_group: int = 1,
     ) -> None:
         super().__init__()
         self.num_experts, self.top_k, self.route_scale = num_experts, top_k, route_scale
         self.scoring, self.norm_topk_prob = scoring, norm_topk_prob
+        self.n_group, self.topk_group = n_group, topk_group
         self.weight = nn.Parameter(torch.empty(num_experts, dim))
         self.register_buffer("expert_bias", torch.zeros(num_experts))
         self.register_buffer("tokens_per_expert", torch.zeros(num_experts), persistent=False)
@@ -62,7 +65,13 @@ class Router(nn.Module):
         """
         logits = F.linear(x_ND.float(), self.weight.float())
         scores = torch.sigmoid(logits) if self.scoring == "sigmoid" else torch.softmax(logits, dim=-1)
-        ids = torch.topk(scores.detach() + self.expert_bias, self.top_k, dim=-1).indices
+        choice = scores.detach() + self.expert_bias
+        if self.n_group > 1:  # only within the topk_group groups whose two best experts score highest
+            grouped = choice.view(-1, self.n_group, self.num_experts // self.n_group)
+            best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
+            keep = torch.zeros_like(best, dtype=torch.bool).scatter_(1, best.topk(self.topk_group, dim=-1).indices, True)
+            choice = choice.masked_fill(~keep.repeat_interleave(self.num_experts // self.n_group, dim=1), float("-inf"))
+        ids = torch.topk(choice, self.top_k, dim=-1).indices
         if replay_NK is not None:
             ids = torch.where(replay_NK[:, :1] >= 0, replay_NK, ids)
         weights = scores.gather(1, ids)
@@ -123,6 +132,8 @@ class MoE(nn.Module):
             route_scale=cfg.route_scale,
             scoring=cfg.router_scoring,
             norm_topk_prob=cfg.norm_topk_prob,
+            n_group=cfg.n_group,
+            topk_group=cfg.topk_group,
         )
         self.experts = GroupedExperts(cfg.dim, cfg.expert_dim, num_experts=cfg.num_experts)
         self.shared_expert = FeedForward(cfg.dim, cfg.shared_expert_dim) if cfg.shared_expert_dim else None

@@ -13,6 +13,7 @@ from crucible.model.config import ModelConfig
 from crucible.model.kvcache import KVCache
 from crucible.model.layers import Embedding, FeedForward, Linear, RMSNorm, rotary_tables
 from crucible.model.matmul import check_precision, linear
+from crucible.model.mla import LatentAttention
 from crucible.model.moe import MoE, Router
 
 
@@ -26,7 +27,9 @@ class TransformerBlock(nn.Module):
     def __init__(self, cfg: ModelConfig, *, layer_id: int) -> None:
         super().__init__()
         self.attention_norm = RMSNorm(cfg.dim, eps=cfg.norm_eps)
-        self.attention = Attention(cfg, layer_id=layer_id)
+        self.attention = (
+            LatentAttention(cfg, layer_id=layer_id) if cfg.attention == "mla" else Attention(cfg, layer_id=layer_id)
+        )
         self.ffn_norm = RMSNorm(cfg.dim, eps=cfg.norm_eps)
         if layer_id in cfg.moe_layers:
             self.moe = MoE(cfg)
@@ -63,7 +66,7 @@ class Transformer(nn.Module):
         self.layers = nn.ModuleList(TransformerBlock(cfg, layer_id=i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.output = None if cfg.tie_embeddings else Linear(cfg.dim, cfg.vocab_size)
-        cos, sin = rotary_tables(head_dim=cfg.head_dim, max_seq_len=cfg.max_seq_len, theta=cfg.rope_theta)
+        cos, sin = rotary_tables(head_dim=cfg.rope_dim, max_seq_len=cfg.max_seq_len, theta=cfg.rope_theta)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
         self.precision = "fp32"
@@ -93,12 +96,14 @@ class Transformer(nn.Module):
     ) -> KVCache:
         if max_len > self.cfg.max_seq_len:
             raise ValueError(f"max_len {max_len} exceeds the model's max_seq_len {self.cfg.max_seq_len}")
+        mla = self.cfg.attention == "mla"
         return KVCache.empty(
             n_layers=self.cfg.n_layers,
             batch_size=batch_size,
-            n_kv_heads=self.cfg.n_kv_heads,
+            n_kv_heads=1 if mla else self.cfg.n_kv_heads,
             max_len=max_len,
-            head_dim=self.cfg.head_dim,
+            head_dim=self.cfg.kv_lora_rank if mla else self.cfg.head_dim,
+            v_dim=self.cfg.qk_rope_head_dim if mla else None,
             dtype=dtype,
             device=device or self.rope_cos.device,
         )
