@@ -33,19 +33,45 @@ CFG = ModelConfig(
     shared_expert_dim=8,
     first_moe_layer=1,
 )
+QWEN3_MOE = dict(  # a tiny Qwen3-MoE built locally with transformers, imported: every layer sparse
+    vocab_size=64, hidden_size=16, num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=1,
+    head_dim=8, intermediate_size=16, moe_intermediate_size=8, num_experts=8, num_experts_per_tok=2,
+    norm_topk_prob=True, max_position_embeddings=16,
+)  # fmt: skip
+
+
+def make_model(kind: str, precision: str) -> Transformer:
+    """The model of a case, identical on every rank: Crucible's preset shape or an imported Qwen3-MoE."""
+    if kind == "crucible":
+        return build_model(CFG, precision=precision, seed=0)
+    import transformers
+
+    from crucible.model.hf import from_transformers
+
+    torch.manual_seed(0)
+    hf = transformers.Qwen3MoeForCausalLM(transformers.Qwen3MoeConfig(**QWEN3_MOE, initializer_range=0.2))
+    model = from_transformers(hf)
+    model.set_precision(precision)
+    return model.train()
+
+
+def n_moe_layers(kind: str) -> int:
+    return len(CFG.moe_layers) if kind == "crucible" else QWEN3_MOE["num_hidden_layers"]
+
+
 OPT = OptimizerConfig(lr=1e-3, eps=1e-5, weight_decay=0.1, max_grad_norm=0.3)
 BATCH_PER_RANK, SEQ = 2, 16
 UNUSED_EXPERTS = (6, 7)  # never chosen in the first MoE layer: whole expert ranks get no rows
 
 
-def global_batch(world: int, *, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def global_batch(world: int, *, seed: int = 0, kind: str = "crucible") -> tuple[torch.Tensor, torch.Tensor]:
     """Tokens [W*B, T] and routes [W*B, T, 2, k]: layer 0 replays a skewed routing, layer 1 routes freely."""
     g = torch.Generator().manual_seed(seed)
     B = world * BATCH_PER_RANK
     tokens = torch.randint(0, CFG.vocab_size, (B, SEQ), generator=g)
     probs = torch.tensor([8.0, 4.0, 2.0, 1.0, 1.0, 1.0, 0.0, 0.0])
     first = torch.multinomial(probs.expand(B * SEQ, -1), CFG.top_k, replacement=False, generator=g)
-    routes = torch.full((B, SEQ, len(CFG.moe_layers), CFG.top_k), -1, dtype=torch.long)
+    routes = torch.full((B, SEQ, n_moe_layers(kind), CFG.top_k), -1, dtype=torch.long)
     routes[:, :, 0] = first.view(B, SEQ, CFG.top_k)
     return tokens, routes
 
@@ -64,11 +90,11 @@ def lm_loss(
     return F.cross_entropy(logits[:, :-1].reshape(-1, CFG.vocab_size), tokens[:, 1:].reshape(-1))
 
 
-def reference_step(*, precision: str, world: int, max_grad_norm: float) -> dict:
+def reference_step(*, precision: str, world: int, max_grad_norm: float, kind: str = "crucible") -> dict:
     """Loss, clipped gradients and parameters after one step of the plain model on the global batch."""
-    tokens, routes = global_batch(world)
+    tokens, routes = global_batch(world, kind=kind)
     valid = global_valid(world)
-    model = build_model(CFG, precision=precision, seed=0)
+    model = make_model(kind, precision)
     opt = torch.optim.AdamW(
         model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay
     )
@@ -86,8 +112,8 @@ def reference_step(*, precision: str, world: int, max_grad_norm: float) -> dict:
     }
 
 
-def _local_batch(world: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    tokens, routes = global_batch(world)
+def _local_batch(world: int, rank: int, kind: str = "crucible") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tokens, routes = global_batch(world, kind=kind)
     rows = slice(rank * BATCH_PER_RANK, (rank + 1) * BATCH_PER_RANK)
     return tokens[rows], routes[rows], global_valid(world)[rows]
 
@@ -109,17 +135,22 @@ def _is_expert(name: str) -> bool:
 
 
 def parallel_step(
-    shape: tuple[int, int, int], *, precision: str, max_grad_norm: float, naive_expert_grads: bool = False
+    shape: tuple[int, int, int],
+    *,
+    precision: str,
+    max_grad_norm: float,
+    naive_expert_grads: bool = False,
+    kind: str = "crucible",
 ):
     """One step of the parallelized model on this rank's slice; full gradients and parameters after it."""
     replicate, shard, expert = shape
     mesh = build_mesh(ParallelConfig(replicate=replicate, shard=shard, expert=expert))
-    model = parallelize(build_model(CFG, precision=precision, seed=0), mesh=mesh)
+    model = parallelize(make_model(kind, precision), mesh=mesh)
     if naive_expert_grads:
         for moe in model.moe_layers:
             moe.experts.set_gradient_divide_factor(float(mesh.expert_data.size()))
     opt = build_optimizer(model, config=OPT)
-    tokens, routes, valid = _local_batch(dist.get_world_size(), dist.get_rank())
+    tokens, routes, valid = _local_batch(dist.get_world_size(), dist.get_rank(), kind)
     stats = parallel_train_step(
         model=model,
         optimizer=opt,
@@ -129,14 +160,17 @@ def parallel_step(
     return stats, full_grads(model), full_state_dict(model)
 
 
-def compare_shapes(shapes: list[tuple[int, int, int]], precision: str) -> list[dict]:
+def compare_shapes(shapes: list[tuple[int, int, int]], precision: str, kind: str = "crucible") -> list[dict]:
     """For each shape: errors of loss, grad norm, gradients and parameters against the reference."""
-    ref = reference_step(precision=precision, world=dist.get_world_size(), max_grad_norm=OPT.max_grad_norm)
-    start = build_model(CFG, precision=precision, seed=0).state_dict()
+    world = dist.get_world_size()
+    ref = reference_step(precision=precision, world=world, max_grad_norm=OPT.max_grad_norm, kind=kind)
+    start = make_model(kind, precision).state_dict()
     ref_update = {n: ref["params"][n] - start[n] for n in start}
     report = []
     for shape in shapes:
-        stats, grads, params = parallel_step(shape, precision=precision, max_grad_norm=OPT.max_grad_norm)
+        stats, grads, params = parallel_step(
+            shape, precision=precision, max_grad_norm=OPT.max_grad_norm, kind=kind
+        )
         update = {n: params[n] - start[n] for n in start}
         report.append(
             {
@@ -190,6 +224,7 @@ def world_of_four() -> dict:
     return {
         "fp32": compare_shapes([(2, 2, 2), (1, 4, 4), (2, 2, 4), (4, 1, 2), (1, 4, 1)], "fp32"),
         "mxfp8": compare_shapes([(2, 2, 2)], "mxfp8"),
+        "qwen3_moe": compare_shapes([(2, 2, 2), (1, 4, 4)], "fp32", kind="qwen3_moe"),
         "naive": [naive_expert_reduction((2, 2, 2)), naive_expert_reduction((1, 4, 4))],
         "errors": shape_errors(),
     }

@@ -439,3 +439,11 @@ def export_pretrained(model: Transformer, out: str | os.PathLike) -> Path:
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
 
+
+
+def from_transformers(hf_model: Any, *, dtype: torch.dtype = torch.float32) -> Transformer:
+    """A Crucible transformer with the weights of an in-memory transformers model (its fused layout)."""
+    where = type(hf_model).__name__
+    cfg = config_from_hf(hf_model.config.to_dict(), where=where)
+    tensors = {k: v.detach() for k, v in hf_model.state_dict().items()}
+    return _instantiate(cfg, to_crucible(tensors, cfg, where=where), PRECISION_OF_DTYPE[dtype], where)
