@@ -1,0 +1,193 @@
+"""Tool calls in a pretrained model's own chat format, decoded under a JSON-schema grammar.
+
+An action is the Hermes / Qwen tool-call block that most chat templates use,
+
+    <tool_call>
+    {"name": "read_file", "arguments": {"path": "calc/ops.py"}}
+    </tool_call><end of turn>
+
+and every token of it is sampled from the model's distribution masked by a grammar (llguidance, decision
+0009) built from the tools' JSON schemas, so an action always parses and names a real tool with valid
+arguments. The logprob recorded for a sampled token is that of the masked distribution; the trainer
+replays the grammar over the sampled tokens (`replay_masks`) and gets the same masks, so the importance
+ratio is exactly 1 on-policy.
+
+The prompt comes from the tokenizer's chat template with the tools passed as the template expects; a
+template that does not render tools (SmolLM2's) gets them in the system message instead, in the same
+`<tools>` block the Hermes format uses.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import torch
+
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": properties, "required": list(properties)},
+        },
+    }
+    for name, description, properties in (
+        ("read_file", "Read a file of the repository.", {"path": {"type": "string"}}),
+        ("list_dir", "List a directory of the repository.", {"path": {"type": "string"}}),
+        ("grep", "Search the repository for a regular expression.", {"pattern": {"type": "string"}}),
+        (
+            "replace",
+            "Replace the text `old` by `new` in a file.",
+            {"path": {"type": "string"}, "old": {"type": "string"}, "new": {"type": "string"}},
+        ),
+        ("run", "Run a shell command in the repository.", {"command": {"type": "string"}}),
+        ("submit", "Finish: the repository is fixed.", {}),
+    )
+]
+"""The agent's tools as OpenAI-style function definitions (the byte-level agent's six, by name)."""
+OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
+
+
+class ToolCallError(ValueError):
+    """A tokenizer or template the tool-call format cannot work with, or text that is not a tool call."""
+
+
+def action_schema(tools: list[dict[str, Any]] = TOOLS, *, max_chars: int | None = None) -> dict[str, Any]:
+    """JSON schema of one call: {"name": one tool, "arguments": that tool's parameters, nothing else};
+    with `max_chars`, no string argument is longer."""
+    variants = []
+    for tool in tools:
+        fn = tool["function"]
+        parameters = {**fn["parameters"], "additionalProperties": False}
+        if max_chars is not None:
+            parameters["properties"] = {
+                k: {**v, "maxLength": max_chars} if v.get("type") == "string" else v
+                for k, v in parameters.get("properties", {}).items()
+            }
+        variants.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": fn["name"]}, "arguments": parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }
+        )
+    return {"oneOf": variants}
+
+
+class ToolCallGrammar:
+    """The action grammar for one tokenizer: a fresh matcher per action, masks, and replay."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        tools: list[dict[str, Any]] = TOOLS,
+        vocab_size: int | None = None,
+        max_chars: int | None = None,
+    ):
+        import llguidance
+        import llguidance.hf
+
+        if tokenizer.eos_token_id is None:
+            raise ToolCallError("the tokenizer has no end-of-turn (eos) token to close an action with")
+        self.tokenizer = tokenizer
+        self.tools = tools
+        self.ll_tokenizer = llguidance.hf.from_tokenizer(tokenizer)
+        self.vocab_size = vocab_size or self.ll_tokenizer.vocab_size
+        if self.vocab_size < self.ll_tokenizer.vocab_size:
+            raise ToolCallError(f"the model's vocabulary ({self.vocab_size}) is smaller than the tokenizer's")
+        lark = f"start: {json.dumps(OPEN)} call {json.dumps(CLOSE)}\ncall: %json {json.dumps(action_schema(tools, max_chars=max_chars))}"
+        self.grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        problem = llguidance.LLMatcher.validate_grammar(self.grammar, self.ll_tokenizer)
+        if problem:
+            raise ToolCallError(f"the tool-call grammar does not compile: {problem}")
+
+    def matcher(self) -> Any:
+        import llguidance
+
+        return llguidance.LLMatcher(self.ll_tokenizer, self.grammar)
+
+    def allowed(self, matcher: Any) -> torch.Tensor:
+        """Boolean [vocab_size]: the tokens the grammar allows next (ids past the tokenizer's: never)."""
+        import llguidance.torch as lt
+
+        bitmask = lt.allocate_token_bitmask(1, self.ll_tokenizer.vocab_size)
+        lt.fill_next_token_bitmask(matcher, bitmask)
+        bits = (bitmask[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+        allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
+        allowed[: self.ll_tokenizer.vocab_size] = bits.flatten()[: self.ll_tokenizer.vocab_size].bool()
+        return allowed
+
+    def advance(self, matcher: Any, token: int) -> None:
+        if not matcher.consume_token(token):
+            raise ToolCallError(f"token {token} is not allowed here: {matcher.get_error()}")
+
+    def replay_masks(self, tokens: list[int], constrained: list[bool]) -> torch.Tensor:
+        """[T, vocab_size] allowed tokens at every position: all at unconstrained positions, the grammar's
+        at constrained ones (each run of constrained positions is one action, parsed from its start)."""
+        masks = torch.ones(len(tokens), self.vocab_size, dtype=torch.bool)
+        matcher = None
+        for t, (token, inside) in enumerate(zip(tokens, constrained)):
+            if not inside:
+                matcher = None
+                continue
+            if matcher is None:
+                matcher = self.matcher()
+            masks[t] = self.allowed(matcher)
+            if matcher.is_stopped():
+                matcher = None  # the action ended with its end-of-turn token
+                continue
+            self.advance(matcher, token)
+        return masks
+
+    def parse(self, text: str) -> tuple[str, dict[str, Any]]:
+        """(tool name, arguments) of an action's text."""
+        body = text.strip()
+        if body.endswith(self.tokenizer.eos_token):
+            body = body[: -len(self.tokenizer.eos_token)].strip()
+        if not (body.startswith(OPEN.strip()) and body.endswith(CLOSE.strip())):
+            raise ToolCallError(f"not a tool call: {text[:80]!r}")
+        try:
+            call = json.loads(body[len(OPEN.strip()) : -len(CLOSE.strip())])
+            return call["name"], call["arguments"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ToolCallError(f"malformed tool call {text[:80]!r}: {exc}") from None
+
+
+def masked_logprobs(logits: torch.Tensor, allowed: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    """log-softmax of logits / temperature over the allowed tokens ([..., V] each; fp32 out). The rollout
+    samples from it and records the sampled token's value; the trainer computes it with replayed masks."""
+    if temperature <= 0:
+        raise ValueError("temperature must be positive")
+    return torch.log_softmax((logits.float() / temperature).masked_fill(~allowed, float("-inf")), dim=-1)
+
+
+def render_prompt(
+    tokenizer: Any, messages: list[dict[str, str]], *, tools: list[dict[str, Any]] = TOOLS
+) -> list[int]:
+    """Token ids of the conversation so far, ending where the assistant's next turn begins."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ToolCallError("the tokenizer has no chat template")
+    if _renders_tools(tokenizer):
+        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+    else:
+        described = "\n".join(json.dumps(tool) for tool in tools)
+        system = (
+            "You may call one of these tools per turn. Answer with exactly one call, as "
+            f"{OPEN.strip()}{{\"name\": ..., \"arguments\": {{...}}}}{CLOSE.strip()}\n<tools>\n{described}\n</tools>"
+        )
+        if messages and messages[0]["role"] == "system":
+            messages = [{"role": "system", "content": messages[0]["content"] + "\n\n" + system}, *messages[1:]]
+        else:
+            messages = [{"role": "system", "content": system}, *messages]
+        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+
+def _renders_tools(tokenizer: Any) -> bool:
+    probe = [{"type": "function", "function": {"name": "crucible_probe_tool", "parameters": {"type": "object"}}}]
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=probe, tokenize=False)
+    return "crucible_probe_tool" in text
