@@ -154,3 +154,13 @@ def sandbox_root() -> Iterator[Path]:
     root = claim_workspace_root(Path("/tmp"), SANDBOX_ROOT_PREFIX)
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+async def redis_client(redis_url: str):
+    """A client of the session's Redis, closed after the test."""
+    import redis.asyncio as aioredis
+
+    client = aioredis.from_url(redis_url)
+    yield client
+    await client.aclose()

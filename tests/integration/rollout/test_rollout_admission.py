@@ -20,13 +20,6 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def redis_client(redis_url):
-    client = aioredis.from_url(redis_url)
-    yield client
-    await client.aclose()
-
-
-@pytest.fixture
 async def run_id(redis_client):
     run = f"admission-{uuid.uuid4().hex[:12]}"
     yield run

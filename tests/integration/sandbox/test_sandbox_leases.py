@@ -9,7 +9,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-import redis.asyncio as aioredis
 from sandbox_archives_integration import tar_gz
 
 from crucible.contracts import keys
@@ -27,13 +26,6 @@ REF = ObjectRef(uri="s3://test/calc.tar.gz", sha256=hashlib.sha256(ARCHIVE).hexd
 
 async def fetch(ref: ObjectRef) -> bytes:
     return ARCHIVE
-
-
-@pytest.fixture
-async def redis_client(redis_url):
-    client = aioredis.from_url(redis_url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""Shared fixtures for the model tests: toy sizes, one CPU thread."""
+"""Shared fixtures for the model tests: toy sizes."""
 
 from __future__ import annotations
 
@@ -8,14 +8,6 @@ import pytest
 import torch
 
 from crucible.model import PRESETS, ModelConfig
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture

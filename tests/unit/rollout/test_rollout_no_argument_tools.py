@@ -4,7 +4,6 @@ The model's logits are biased towards one tool so that the tool is really sample
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from crucible.agent import grammar, tokenizer
@@ -17,14 +16,6 @@ from services.trainer.batch import collate
 from services.trainer.step import token_logprobs
 
 SUBMIT = tokenizer.tool_token("submit")
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def _engine(*, bias: dict[int, float]) -> tuple[PolicyEngine, torch.nn.Module]:

@@ -17,14 +17,6 @@ LENGTHS = (9, 23)
 PROMPT = 4  # environment tokens at the start of each trajectory: loss mask 0, but routed
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _loads(model) -> list[torch.Tensor]:
     return [moe.router.tokens_per_expert.clone() for moe in model.moe_layers]
 
