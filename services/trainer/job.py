@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import msgspec
 import torch
 
+from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.bus import Delivery
 from crucible.clients.checkpoints import publish_weights
 from crucible.contracts import ContractError, subjects
@@ -25,7 +26,8 @@ from crucible.contracts.events import Event, EventPayload, RunStatus, StepReport
 from crucible.contracts.keys import DAY_S, finished_key, refills_key, trainer_state_key
 from crucible.contracts.messages import GradedTrajectory, RunCreated, RunFinished
 from crucible.contracts.packing import unpack
-from crucible.model import PRESETS, Transformer, build_model
+from crucible.model import Transformer
+from crucible.model.sources import initial_model, load_tokenizer
 from crucible.objectstore import ObjectNotFound
 from crucible.rl.advantages import group_advantages, is_uniform
 from crucible.rl.staleness import staleness
@@ -55,6 +57,11 @@ class RunJob:
         # The frozen starting policy for the KL term: the same seeded initialisation, whatever step we resume at.
         self.reference = self._build_model().requires_grad_(False).eval() if self.config.optim.kl_coef > 0 else None
         self.dropped_groups = 0  # uniform-reward groups dropped since the last step
+        tokenizer = load_tokenizer(self.config.model.source)
+        self.tool_calls = (  # the rollouts' action grammar, replayed over the sampled tokens
+            None if tokenizer is None else ToolCallGrammar(
+                tokenizer, vocab_size=self.model.cfg.vocab_size, max_chars=self.config.agent.max_action_tokens)
+        )  # fmt: skip
         self.step = 0
         self.version = -1
         self.trained: set[str] = set()
@@ -66,7 +73,7 @@ class RunJob:
 
     def _build_model(self) -> Transformer:
         model = self.config.model
-        return build_model(PRESETS[model.preset], precision=model.precision, seed=self.config.seed)
+        return initial_model(model.source, seed=self.config.seed, precision=model.precision)
 
     async def _resume(self) -> None:
         try:
@@ -281,6 +288,7 @@ class RunJob:
             optim=self.config.optim,
             temperature=self.config.agent.temperature,
             reference=self.reference,
+            tool_calls=self.tool_calls,
         )
         self.step += 1
         self.trained.update(g.trajectory.trajectory_id for g in graded)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from crucible.agent.grammar import constrained_logprobs
+from crucible.agent.grammar import TOOL_CALL, constrained_logprobs
+from crucible.agent.toolcalls import ToolCallGrammar, masked_logprobs
 from crucible.contracts.runconfig import OptimSection
 from crucible.model import Transformer
 from crucible.rl.losses import entropy_from_logprobs, policy_loss
@@ -17,12 +18,25 @@ def _shift(picked_BT1: torch.Tensor) -> torch.Tensor:
 
 
 def token_logprobs(
-    model: Transformer, batch: Batch, *, temperature: float, with_entropy: bool = False
+    model: Transformer,
+    batch: Batch,
+    *,
+    temperature: float,
+    with_entropy: bool = False,
+    tool_calls: ToolCallGrammar | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(token_t | tokens_<t) under the constraint recorded at t, [B, T] with position 0 = 0, and
-    (if asked) the entropy of each position's constrained distribution."""
+    (if asked) the entropy of each position's constrained distribution. A pretrained model's tool-call
+    tokens get the masks of its grammar, replayed over the sampled tokens (`tool_calls`)."""
     out = model(batch.tokens_BT, routes=batch.routes_BTLk, valid_BT=batch.valid_BT)
-    logp_BTV = constrained_logprobs(out.logits[:, :-1], batch.constraints_BT[:, 1:], temperature=temperature)
+    if tool_calls is None:
+        logp_BTV = constrained_logprobs(out.logits[:, :-1], batch.constraints_BT[:, 1:], temperature=temperature)
+    else:
+        masks = torch.stack([
+            tool_calls.replay_masks(tokens.tolist(), (constraints == TOOL_CALL).tolist())
+            for tokens, constraints in zip(batch.tokens_BT, batch.constraints_BT)
+        ])  # fmt: skip
+        logp_BTV = masked_logprobs(out.logits[:, :-1], masks[:, 1:], temperature=temperature)
     picked = logp_BTV.gather(-1, batch.tokens_BT[:, 1:, None]).squeeze(-1)
     # Tokens the policy did not sample may be outside their constraint (-inf); they are masked anyway.
     sampled = batch.mask_BT[:, 1:] > 0
@@ -41,18 +55,22 @@ def train_step(
     optim: OptimSection,
     temperature: float,
     reference: Transformer | None = None,
+    tool_calls: ToolCallGrammar | None = None,
 ) -> dict[str, float]:
     """Forward, the run's loss, backward, clip, step, then the router bias update; returns the metrics.
-    `reference` is the frozen starting policy, needed when optim.kl_coef > 0."""
+    `reference` is the frozen starting policy, needed when optim.kl_coef > 0; `tool_calls` the grammar of
+    a pretrained model's actions."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
-    logprobs, entropy = token_logprobs(model, batch, temperature=temperature, with_entropy=optim.entropy_coef > 0)
+    logprobs, entropy = token_logprobs(
+        model, batch, temperature=temperature, with_entropy=optim.entropy_coef > 0, tool_calls=tool_calls
+    )
     ref_logprobs = None
     if optim.kl_coef > 0:
         if reference is None:
             raise ValueError("kl_coef > 0 needs the reference policy")
         with torch.no_grad():
-            ref_logprobs, _ = token_logprobs(reference, batch, temperature=temperature)
+            ref_logprobs, _ = token_logprobs(reference, batch, temperature=temperature, tool_calls=tool_calls)
     stats = policy_loss(
         logprobs_BT=logprobs,
         behaviour_logprobs_BT=batch.behaviour_logprobs_BT,

@@ -18,6 +18,9 @@ from crucible.agent.tokenizer import END, TOOL_BASE, TOOLS, VOCAB_SIZE
 
 FREE, TOOL, ARGS = 0, 1, 2
 NUM_CONSTRAINTS = 3
+TOOL_CALL = 3
+"""A token of a pretrained model's tool call, sampled under the llguidance grammar that the trainer
+replays (crucible.agent.toolcalls); not a row of the byte-level table."""
 
 
 def allowed_table(vocab_size: int = VOCAB_SIZE, device: torch.device | str = "cpu") -> torch.Tensor:

@@ -165,15 +165,16 @@ def masked_logprobs(logits: torch.Tensor, allowed: torch.Tensor, *, temperature:
     return torch.log_softmax((logits.float() / temperature).masked_fill(~allowed, float("-inf")), dim=-1)
 
 
-def render_prompt(
-    tokenizer: Any, messages: list[dict[str, str]], *, tools: list[dict[str, Any]] = TOOLS
-) -> list[int]:
-    """Token ids of the conversation so far, ending where the assistant's next turn begins."""
+def render_text(
+    tokenizer: Any, messages: list[dict[str, str]], *, tools: list[dict[str, Any]] = TOOLS, generation: bool = True
+) -> str:
+    """The conversation through the chat template (with the assistant's next turn opened if `generation`);
+    tools passed as the template expects, or described in the system message where it ignores them."""
     if not getattr(tokenizer, "chat_template", None):
         raise ToolCallError("the tokenizer has no chat template")
-    if _renders_tools(tokenizer):
-        ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
-    else:
+    try:
+        if _renders_tools(tokenizer):
+            return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation, tokenize=False)
         described = "\n".join(json.dumps(tool) for tool in tools)
         system = (
             "You may call one of these tools per turn. Answer with exactly one call, as "
@@ -183,8 +184,31 @@ def render_prompt(
             messages = [{"role": "system", "content": messages[0]["content"] + "\n\n" + system}, *messages[1:]]
         else:
             messages = [{"role": "system", "content": system}, *messages]
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False)
+    except ToolCallError:
+        raise
+    except Exception as exc:  # jinja raises its own types for a role or field the template lacks
+        raise ToolCallError(f"the chat template cannot render this conversation: {type(exc).__name__}: {exc}") from None
+
+
+def render_prompt(
+    tokenizer: Any, messages: list[dict[str, str]], *, tools: list[dict[str, Any]] = TOOLS
+) -> list[int]:
+    """Token ids of the conversation so far, ending where the assistant's next turn begins."""
+    return tokenizer.encode(render_text(tokenizer, messages, tools=tools), add_special_tokens=False)
+
+
+def after_action(tokenizer: Any, messages: list[dict[str, str]], *, tools: list[dict[str, Any]] = TOOLS) -> list[int]:
+    """Token ids that follow the end-of-turn token of the assistant's last action, when `messages` ends
+    with that action and the tool's result: the rest of the template up to the next assistant turn."""
+    if len(messages) < 2 or messages[-2]["role"] != "assistant" or messages[-1]["role"] != "tool":
+        raise ValueError("messages must end with the assistant's action and the tool's result")
+    full = render_text(tokenizer, messages, tools=tools)
+    before = render_text(tokenizer, messages[:-1], tools=tools, generation=False)
+    cut = before.rfind(tokenizer.eos_token)
+    if cut < 0 or not full.startswith(before[: cut + len(tokenizer.eos_token)]):
+        raise ToolCallError("the chat template does not extend a conversation by appending to it")
+    return tokenizer.encode(full[cut + len(tokenizer.eos_token) :], add_special_tokens=False)
 
 
 def _renders_tools(tokenizer: Any) -> bool:

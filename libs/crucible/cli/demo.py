@@ -18,7 +18,7 @@ taskset = "pybugs"
 difficulties = [1, 2]
 
 [model]
-preset = "tiny"
+source = "tiny"
 precision = "bf16"
 
 [agent]
@@ -43,6 +43,13 @@ def demo(
         list[str] | None,
         typer.Option("--set", help="Override one field, e.g. --set optim.learning_rate=1e-4 (repeatable)."),
     ] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="Start from these weights instead of the tiny preset, e.g. package:smollm2-135m-instruct "
+            "(actions get a 64-token budget for the model's JSON tool calls; --set changes it)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print only a machine-readable summary.")] = False,
     timeout: Annotated[float, typer.Option(help="Give up after this many seconds.")] = 900.0,
     keep_running: Annotated[
@@ -58,7 +65,8 @@ def demo(
     console = Console(stderr=as_json, quiet=as_json)
     try:
         text = config_file.read_text() if config_file else DEMO_CONFIG
-        config = RunConfig.from_toml(text, overrides=overrides or []).model_dump(mode="json")
+        model_overrides = [f"model.source={json.dumps(model)}", "agent.max_action_tokens=64"] if model else []
+        config = RunConfig.from_toml(text, overrides=[*model_overrides, *(overrides or [])]).model_dump(mode="json")
     except (OSError, ValueError) as exc:
         typer.echo(f"crucible demo: bad run config ({config_file or 'the demo config'}): {exc}", err=True)
         raise typer.Exit(2) from None

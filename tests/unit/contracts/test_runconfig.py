@@ -18,7 +18,8 @@ from crucible.contracts.runconfig import MOVED, RunConfig, apply_override
     [
         ({"schedule": {"group_size": 0}}, "schedule.group_size\n.*greater than or equal to 1"),
         ({"model": {"precision": "fp4"}}, "'bf16' or 'mxfp8'"),
-        ({"model": {"preset": "huge"}}, "unknown model preset 'huge'; known: tiny"),
+        ({"model": {"source": "huge"}}, "unknown model source 'huge': a preset \\(tiny"),
+        ({"model": {"source": "package:nope"}}, "unknown model source 'package:nope'"),
         ({"optim": {"learning_rate": -1}}, "greater than 0"),
         ({"tasks": {"difficulties": []}}, "at least 1 item"),
         ({"tasks": {"taskset": "a b"}}, "should match pattern"),
@@ -36,7 +37,7 @@ def test_flat_fields_of_the_first_config_name_their_new_place() -> None:
         RunConfig.model_validate({"group_size": 2, "model_preset": "tiny", "learning_rate": 1e-4})
     text = str(caught.value)
     assert "`group_size` is now `schedule.group_size`" in text
-    assert "`model_preset` is now `model.preset`" in text
+    assert "`model_preset` is now `model.source`" in text
     assert "`learning_rate` is now `optim.learning_rate`" in text
     for old, new in MOVED.items():  # every place named exists
         for place in re.findall(r"\w+\.\w+", new):

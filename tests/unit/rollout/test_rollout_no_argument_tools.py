@@ -22,7 +22,7 @@ def _engine(*, bias: dict[int, float]) -> tuple[PolicyEngine, torch.nn.Module]:
     """An engine whose policy's logits get `bias` added, and the unbiased model with the same weights."""
     config = RunConfig.model_validate({"agent": {"max_action_tokens": 12}})
     engine = PolicyEngine(config=config, max_context=512)
-    model = build_model(PRESETS[config.model.preset], precision=config.model.precision, seed=config.seed)
+    model = build_model(PRESETS[config.model.source], precision=config.model.precision, seed=config.seed)
     engine.swap({k: v.clone() for k, v in model.state_dict().items()}, 0)
     shift = torch.zeros(tokenizer.VOCAB_SIZE)
     for token, amount in bias.items():

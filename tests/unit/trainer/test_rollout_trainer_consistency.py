@@ -47,7 +47,7 @@ def sample_group(engine: PolicyEngine, *, n: int, version: int) -> list[GradedTr
 def test_trainer_logprobs_equal_behaviour_logprobs_on_policy(temperature):
     config = RunConfig.model_validate({"agent": {"temperature": temperature, "max_action_tokens": 12}})
     engine = PolicyEngine(config=config, max_context=512)
-    model = build_model(PRESETS[config.model.preset], precision=config.model.precision, seed=config.seed)
+    model = build_model(PRESETS[config.model.source], precision=config.model.precision, seed=config.seed)
     engine.swap({k: v.clone() for k, v in model.state_dict().items()}, 0)
     graded = sample_group(engine, n=3, version=0)
     batch = collate(graded, [1.0, 0.0, -1.0])
