@@ -1,7 +1,7 @@
 """A graded trajectory as a reader wants it: text segments by side and policy version, tool calls, reward.
 
 Token ids decode with the byte tokenizer (0-255 are UTF-8 bytes; specials by name, unknown ones as
-`<special:N>`). A new segment starts wherever the side (agent-sampled or environment) or the policy
+`<special:N>`), or, for a pretrained model's tokens, from the text of each token the rollout recorded. A new segment starts wherever the side (agent-sampled or environment) or the policy
 version changes, so a mid-episode weight swap shows as two agent segments with different versions.
 """
 
@@ -21,6 +21,7 @@ def segments(graded: GradedTrajectory) -> list[Segment]:
     if not len(tokens) == len(versions) == len(mask):
         counts = f"{len(tokens)} tokens, {len(versions)} versions, {len(mask)} mask"
         raise ValueError(f"trajectory {traj.trajectory_id}: {counts}")
+    texts = len(traj.token_text) == len(tokens)
     out: list[Segment] = []
     start = 0
     for i in range(1, len(tokens) + 1):
@@ -32,7 +33,7 @@ def segments(graded: GradedTrajectory) -> list[Segment]:
                 version=versions[start],
                 token_start=start,
                 token_end=i,
-                text=tokenizer.decode(tokens[start:i]),
+                text="".join(traj.token_text[start:i]) if texts else tokenizer.decode(tokens[start:i]),
             )
         )
         start = i

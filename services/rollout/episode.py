@@ -77,6 +77,7 @@ async def run_episode(
         calls, finish = await _byte_turns(engine, config, task, session, state, generator, tool_timeout_s)
     await asyncio.to_thread(engine.finish, state)
     diff = await session.diff()
+    token_text = [] if engine.tokenizer is None else engine.tokenizer.batch_decode([[t] for t in state.tokens])
     return Trajectory(
         run_id=run_id,
         trajectory_id=uuid.uuid4().hex,
@@ -84,6 +85,7 @@ async def run_episode(
         task_id=task.task_id,
         taskset=task.taskset,
         **packed_arrays(state),
+        token_text=token_text,
         tool_calls=calls,
         final_diff=diff,
         finish_reason=finish,

@@ -38,6 +38,10 @@ def test_a_pretrained_model_trains_publishes_and_rolls_out(tmp_path) -> None:
         trajectories = client.get(f"/v1/runs/{run_id}/trajectories", params={"limit": 100}).json()["items"]
         steps = client.get(f"/v1/runs/{run_id}/steps").json()["items"]
         checkpoints = client.get(f"/v1/runs/{run_id}/checkpoints").json()["items"]
+        detail = client.get(f"/v1/trajectories/{trajectories[0]['trajectory_id']}").json()
+    # the transcript shows the model's own text: its chat template and its tool call
+    agent_text = "".join(s["text"] for s in detail["segments"] if s["role"] == "agent")
+    assert agent_text.startswith("<tool_call>") and "<|im_start|>" in detail["segments"][0]["text"]
     assert [c["version"] for c in checkpoints] == [0, 1, 2]
     assert [s["step"] for s in steps] == [1, 2]
     assert all(t["num_tool_calls"] >= 1 for t in trajectories)

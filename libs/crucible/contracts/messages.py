@@ -111,6 +111,9 @@ class Trajectory(Message, tag="trajectory.v1"):
     constraints: bytes  # u8: index of the decoding constraint in force (see rollout.grammar)
     routes: bytes = b""  # u8 expert ids [T, layers, top_k] for router replay; empty for dense models
     routes_shape: list[int] = msgspec.field(default_factory=list)
+    token_text: list[str] = msgspec.field(default_factory=list)
+    """Each token's text, from a pretrained model's own tokenizer (which the api does not load); empty
+    for the byte tokenizer of Crucible's presets, which anyone decodes."""
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
     final_diff: str = ""
     finish_reason: str = "done"

@@ -138,3 +138,8 @@ def test_smollm2_asked_to_fix_a_bug_answers_with_a_valid_tool_call() -> None:
     action, recorded = sample_action(model, grammar, prompt, seed=0)
     name, arguments = grammar.parse(tokenizer.decode(action))
     assert name in {t["function"]["name"] for t in TOOLS} and len(recorded) == len(action)
+
+
+def test_a_model_vocabulary_smaller_than_the_tokenizer_s_is_refused(tokenizer) -> None:
+    with pytest.raises(ToolCallError, match="smaller than the tokenizer's"):
+        ToolCallGrammar(tokenizer, vocab_size=len(tokenizer) - 10)

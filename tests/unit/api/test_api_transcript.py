@@ -69,3 +69,12 @@ def test_arrays_of_different_lengths_are_refused() -> None:
     g.trajectory.versions = pack("u32", [0, 0])
     with pytest.raises(ValueError, match="3 tokens, 2 versions, 3 mask"):
         segments(g)
+
+
+def test_a_pretrained_model_s_tokens_show_the_text_the_rollout_recorded() -> None:
+    g = graded([([5000, 6000], 0, 0), ([7000, 8000, 9000], 1, 1)])
+    g.trajectory.token_text.extend(["<|im_start|>", "user", "<tool_call>", '{"name"', "}"])
+    assert [(s.role, s.text) for s in segments(g)] == [
+        ("environment", "<|im_start|>user"),
+        ("agent", '<tool_call>{"name"}'),
+    ]

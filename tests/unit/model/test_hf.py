@@ -203,3 +203,12 @@ def test_imported_models_run_in_bf16_and_mxfp8_and_replay_their_routes(family: s
         assert not torch.equal(model(x).routes, exact.routes)
         replayed = model(x, routes=exact.routes)
     assert torch.equal(replayed.routes, exact.routes)
+
+
+def test_a_truncated_gguf_is_a_clear_error(tmp_path: Path) -> None:
+    from crucible.model.sources import package_file
+
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(package_file("smollm2-135m-instruct").read_bytes()[:4096])
+    with pytest.raises(CheckpointError, match="cut.gguf: not a readable GGUF checkpoint"):
+        load_pretrained(truncated)
