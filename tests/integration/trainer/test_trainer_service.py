@@ -94,3 +94,49 @@ async def test_dynamic_sampling_drops_uniform_groups_asks_for_refills_and_report
         assert int(await redis.get(refills_key(run_id))) == 1
     finally:
         await redis.aclose()
+
+
+async def test_a_published_version_exports_to_a_directory_transformers_loads(common_settings, tmp_path) -> None:
+    """`crucible model export --run RUN --version N` reads the version through the checkpoints service and
+    the object store, and writes a checkpoint that transformers loads with the trainer's logits."""
+    import torch
+    import transformers
+    from cli_runner import crucible
+
+    from crucible.clients.checkpoints import load_weights
+    from crucible.model import PRESETS, Transformer
+
+    run_id = f"run-{uuid.uuid4().hex[:12]}"
+    config = RunConfig.model_validate(
+        {"model": {"source": "tiny-dense"}, "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1}}
+    )
+    settings = common_settings(TrainerSettings, ack_wait_s=30, heartbeat_s=5)
+    async with (
+        running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
+        running("trainer", settings, trainer_setup) as rt,
+    ):
+        bus: Bus = rt.bus
+        await bus.publish(
+            subjects.run_created(run_id), RunCreated(run_id=run_id, name="x", config=config, created_at=time.time())
+        )
+        for message in (graded(run_id, "g", 0, 0.0, "grep"), graded(run_id, "g", 1, 1.0, "run")):
+            await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
+        for _ in range(600):
+            if await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail("the run did not finish")
+        env = {f"CRUCIBLE_{k.upper()}": str(v) for k, v in settings.model_dump().items()}
+        out = tmp_path / "hf"
+        done = await asyncio.to_thread(
+            crucible, "model", "export", "--run", run_id, "--version", "1", "--out", str(out), env=env
+        )
+        assert done.returncode == 0, done.stderr
+        _, state = await load_weights(bus=bus, store=rt.store, run_id=run_id, version=1)
+    model = Transformer(PRESETS["tiny-dense"], precision="fp32")
+    model.load_state_dict(state)
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    x = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (reloaded(x).logits - model.eval()(x).logits).abs().max() <= 1e-4
