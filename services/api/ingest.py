@@ -31,17 +31,18 @@ async def _until_stored(
     work: Callable[[], Awaitable[object]], delivery: Delivery, stop: asyncio.Event
 ) -> None:
     delay = 0.5
-    async with delivery.keep_alive(every_s=KEEP_ALIVE_S):
-        while True:
-            try:
-                await work()
-                return
-            except UNREACHABLE as exc:
-                if stop.is_set():
-                    raise
-                log.warning("database unavailable; holding the message", error=str(exc), retry_in_s=delay)
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 10.0)
+    while True:
+        try:
+            await work()
+            return
+        except UNREACHABLE as exc:
+            if stop.is_set():
+                raise
+            log.warning("database unavailable; holding the message", error=str(exc), retry_in_s=delay)
+        if delay == 0.5:  # the first failure: the message is held from here on (the bus stops it once settled)
+            delivery.keep_alive(every_s=KEEP_ALIVE_S)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, 10.0)
 
 
 async def run_ingest(

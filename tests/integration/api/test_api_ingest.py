@@ -189,3 +189,59 @@ async def test_create_run_is_503_when_the_bus_is_down(
         assert "recorded but not announced, the bus is unavailable" in response.json()["detail"]
         (run,) = (await client.get("/v1/runs")).json()["items"]
         assert run["status"] == "failed" and "could not announce" in run["error"]
+
+
+async def test_an_event_is_held_through_a_database_outage_and_stored_once(bus: Bus, tmp_path: Path) -> None:
+    """The database cannot be opened (a file stands where its folder should be): the event is delivered
+    and held, neither acknowledged nor dead-lettered, and stored once the database is there."""
+    from crucible.db import make_engine, make_sessionmaker
+    from crucible.db.migrate import upgrade_async
+    from crucible.db.models import Run
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'later' / 'crucible.db'}"
+    engine = make_engine(url)  # makes the folder...
+    (tmp_path / "later").rmdir()
+    (tmp_path / "later").write_text("not a folder")  # ...which an outage takes away
+    stop = asyncio.Event()
+    suffix = uuid.uuid4().hex[:8]
+    durables = {"graded_durable": f"api-graded-outage-{suffix}", "events_durable": f"api-events-outage-{suffix}"}
+    task = asyncio.create_task(
+        run_ingest(bus=bus, sessionmaker=make_sessionmaker(engine), stop=stop, deliver_new=True, **durables)
+    )
+    durable = durables["events_durable"]
+    try:
+        await eventually(lambda: bus.js.consumer_info(subjects.EVENTS, durable), timeout=10)
+        run_id = f"run-outage-{suffix}"
+        event = Event(run_id=run_id, ts=1.0, data=RunStatus(status="running"))
+        await bus.publish(event.subject, event)
+
+        async def held():
+            info = await bus.js.consumer_info(subjects.EVENTS, durable)
+            return info if info.num_ack_pending == 1 and info.delivered.stream_seq > 0 else None
+
+        await eventually(held)
+        (tmp_path / "later").unlink()  # the database comes back
+        (tmp_path / "later").mkdir()
+        await upgrade_async(url)
+        async with make_sessionmaker(engine)() as session:
+            session.add(Run(run_id=run_id, name="outage", status="created", config={}))
+            await session.commit()
+
+        async def stored():
+            async with make_sessionmaker(engine)() as session:
+                return (await session.get(Run, run_id)).status == "running"
+
+        async def acked():
+            info = await bus.js.consumer_info(subjects.EVENTS, durable)
+            return info if info.num_ack_pending == 0 else None
+
+        await eventually(stored, timeout=30)
+        info = await eventually(acked)
+        assert info.num_redelivered == 0  # held the whole time, never handed back or dead-lettered
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, timeout=15)
+        for stream, name in ((subjects.GRADED, durables["graded_durable"]), (subjects.EVENTS, durable)):
+            await bus.js.delete_consumer(stream, name)
+        await engine.dispose()
+
