@@ -209,6 +209,8 @@ ARCHITECTURES = {
     "olmoe": "OlmoeForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
 }
+MLP_NAMES = (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj"))
+"""SwiGLU feed-forward (dense layers, shared experts): (Crucible, Hugging Face) weight names."""
 MLA_NAMES = (
     ("wq_a", "q_a_proj"), ("q_norm", "q_a_layernorm"), ("wq_b", "q_b_proj"), ("wq", "q_proj"),
     ("wkv_a", "kv_a_proj_with_mqa"), ("kv_norm", "kv_a_layernorm"), ("wkv_b", "kv_b_proj"), ("wo", "o_proj"),
@@ -251,10 +253,12 @@ def to_crucible(hf: dict[str, torch.Tensor], cfg: ModelConfig, *, where: str) ->
             out[q + "attention.q_norm.weight"] = take(attn + "q_norm.weight")
             out[q + "attention.k_norm.weight"] = take(attn + "k_norm.weight")
         if i not in cfg.moe_layers:
-            for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            for ours, theirs in MLP_NAMES:
                 out[q + f"feed_forward.{ours}.weight"] = take(p + f"mlp.{theirs}.weight")
             continue
         block, router, gate, up, down = _expert_names(cfg.family)
+        if not take.has(p + f"{block}.{router}.weight"):  # in memory every family keeps its MoE under mlp.
+            block = "mlp"
         out[q + "moe.router.weight"] = take(p + f"{block}.{router}.weight")
         experts = p + f"{block}.experts."
         if take.has(experts + "gate_up_proj"):  # fused, as transformers holds it in memory
@@ -269,7 +273,7 @@ def to_crucible(hf: dict[str, torch.Tensor], cfg: ModelConfig, *, where: str) ->
         bias = p + f"{block}.{router}.e_score_correction_bias"
         out[q + "moe.router.expert_bias"] = take(bias) if take.has(bias) else torch.zeros(cfg.num_experts)
         if cfg.shared_expert_dim:
-            for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            for ours, theirs in MLP_NAMES:
                 out[q + f"moe.shared_expert.{ours}.weight"] = take(p + f"{block}.shared_experts.{theirs}.weight")
     take.check_all_used()
     return {k: v.contiguous() for k, v in out.items()}
@@ -301,13 +305,13 @@ def from_crucible(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
             out[attn + "q_norm.weight"] = state[q + "attention.q_norm.weight"]
             out[attn + "k_norm.weight"] = state[q + "attention.k_norm.weight"]
         if i not in cfg.moe_layers:
-            for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            for ours, theirs in MLP_NAMES:
                 out[p + f"mlp.{theirs}.weight"] = state[q + f"feed_forward.{ours}.weight"]
             continue
         block, router, gate, up, down = _expert_names(family)
         if family == "deepseek_v3":
             out[p + f"{block}.{router}.e_score_correction_bias"] = state[q + "moe.router.expert_bias"]
-            for ours, theirs in (("w1", "gate_proj"), ("w3", "up_proj"), ("w2", "down_proj")):
+            for ours, theirs in MLP_NAMES:
                 out[p + f"{block}.shared_experts.{theirs}.weight"] = state[q + f"moe.shared_expert.{ours}.weight"]
         elif bool(state[q + "moe.router.expert_bias"].any()):
             raise CheckpointError(f"layer {i}: the router's selection bias is not zero and has no {family} form")
@@ -319,8 +323,8 @@ def from_crucible(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
 
 
 def _mla_names(cfg: ModelConfig) -> list[tuple[str, str]]:
-    direct = ("wq",) if cfg.q_lora_rank else ("wq_a", "q_norm", "wq_b")
-    return [(ours, theirs) for ours, theirs in MLA_NAMES if ours not in direct]
+    absent = ("wq",) if cfg.q_lora_rank else ("wq_a", "q_norm", "wq_b")
+    return [(ours, theirs) for ours, theirs in MLA_NAMES if ours not in absent]
 
 
 class _Taker:

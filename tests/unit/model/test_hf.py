@@ -212,3 +212,16 @@ def test_a_truncated_gguf_is_a_clear_error(tmp_path: Path) -> None:
     truncated.write_bytes(package_file("smollm2-135m-instruct").read_bytes()[:4096])
     with pytest.raises(CheckpointError, match="cut.gguf: not a readable GGUF checkpoint"):
         load_pretrained(truncated)
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "olmoe", "deepseek_v3"])
+def test_in_memory_models_convert_with_their_fused_experts(family: str) -> None:
+    """from_transformers reads the layout transformers keeps in memory: fused experts, and for Mixtral
+    the MoE under `mlp.` rather than the `block_sparse_moe.` of its files."""
+    from crucible.model.hf import from_transformers
+
+    reference = hf_model(family)
+    assert any(k.endswith("experts.gate_up_proj") for k in reference.state_dict())
+    x = tokens(6)
+    with torch.no_grad():
+        assert (from_transformers(reference)(x).logits - reference(x).logits).abs().max() <= 1e-4
