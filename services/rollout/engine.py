@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 import torch
 
 from crucible.agent import grammar, tokenizer
-from crucible.agent.toolcalls import ToolCallGrammar, masked_logprobs
+from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.contracts.runconfig import RunConfig
 from crucible.model import PRESETS, KVCache, Transformer, build_model
 from crucible.model.sources import load_tokenizer, model_config
@@ -41,6 +41,14 @@ class EpisodeState:
             self.loss_mask.append(0)
             self.constraints.append(grammar.FREE)
 
+    def append_sampled(self, token: int, logprob: float, version: int, constraint: int) -> None:
+        """A token the policy sampled, with the logprob of the distribution it was drawn from."""
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+        self.loss_mask.append(1)
+        self.constraints.append(constraint)
+
     def __len__(self) -> int:
         return len(self.tokens)
 
@@ -58,9 +66,9 @@ class PolicyEngine:
         if self.tokenizer is None:
             if self.model_config.vocab_size != tokenizer.VOCAB_SIZE:
                 raise ValueError(f"preset {source!r} has vocab {self.model_config.vocab_size}")
-        else:  # string arguments bounded by the action budget, so a call can always close within it
-            self.tool_calls = ToolCallGrammar(
-                self.tokenizer, vocab_size=self.model_config.vocab_size, max_chars=config.agent.max_action_tokens
+        else:
+            self.tool_calls = ToolCallGrammar.for_agent(
+                self.tokenizer, vocab_size=self.model_config.vocab_size, agent=config.agent
             )
         self.max_context = min(max_context, self.model_config.max_seq_len)
         self._current: tuple[Transformer, int] | None = None
@@ -125,11 +133,7 @@ class PolicyEngine:
                 logits, torch.tensor(constraint), temperature=self.config.agent.temperature
             )
             token = int(torch.multinomial(logp.exp(), 1, generator=generator))
-            state.tokens.append(token)
-            state.logprobs.append(float(logp[token]))
-            state.versions.append(version)
-            state.loss_mask.append(1)
-            state.constraints.append(constraint)
+            state.append_sampled(token, float(logp[token]), version, constraint)
             if constraint == grammar.TOOL:
                 name = tokenizer.tool_name(token)
                 if name in tokenizer.NO_ARGUMENT_TOOLS:
@@ -160,13 +164,11 @@ class PolicyEngine:
                 return None, None, True
             model, version = self._current  # type: ignore[misc]
             logits = self._feed(model, state)
-            logp = masked_logprobs(logits, self.tool_calls.allowed(matcher), temperature=self.config.agent.temperature)
+            logp = grammar.masked_logprobs(
+                logits, self.tool_calls.allowed(matcher), temperature=self.config.agent.temperature
+            )
             token = int(torch.multinomial(logp.exp(), 1, generator=generator))
-            state.tokens.append(token)
-            state.logprobs.append(float(logp[token]))
-            state.versions.append(version)
-            state.loss_mask.append(1)
-            state.constraints.append(grammar.TOOL_CALL)
+            state.append_sampled(token, float(logp[token]), version, grammar.TOOL_CALL)
             action.append(token)
             if token == eos:
                 name, arguments = self.tool_calls.parse(self.tokenizer.decode(action))

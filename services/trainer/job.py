@@ -59,9 +59,10 @@ class RunJob:
         self.dropped_groups = 0  # uniform-reward groups dropped since the last step
         tokenizer = load_tokenizer(self.config.model.source)
         self.tool_calls = (  # the rollouts' action grammar, replayed over the sampled tokens
-            None if tokenizer is None else ToolCallGrammar(
-                tokenizer, vocab_size=self.model.cfg.vocab_size, max_chars=self.config.agent.max_action_tokens)
-        )  # fmt: skip
+            None
+            if tokenizer is None
+            else ToolCallGrammar.for_agent(tokenizer, vocab_size=self.model.cfg.vocab_size, agent=self.config.agent)
+        )
         self.step = 0
         self.version = -1
         self.trained: set[str] = set()
@@ -189,8 +190,9 @@ class RunJob:
         acknowledged untrained, and the rollouts are told to admit one more group in its place."""
         size = self.config.schedule.group_size
         for gid, group in list(self.groups.items()):
-            rewards = torch.tensor([g.reward.total for g, _ in group.members.values()])
-            if len(group.members) < size or not is_uniform(rewards):
+            if len(group.members) < size:
+                continue
+            if not is_uniform(torch.tensor([g.reward.total for g, _ in group.members.values()])):
                 continue
             del self.groups[gid]
             for _, delivery in group.members.values():
@@ -234,10 +236,11 @@ class RunJob:
                 await delivery.ack()
         self.groups.clear()
         await run_delivery.ack()
+        durable = subjects.trainer_run_durable(self.run_id)
         try:
-            await self.rt.bus.js.delete_consumer(subjects.GRADED, subjects.trainer_run_durable(self.run_id))
+            await self.rt.bus.js.delete_consumer(subjects.GRADED, durable)
         except Exception as exc:  # already gone, or the server is busy: it only costs a little memory
-            self.rt.log.warning("could not delete the run's consumer", durable=subjects.trainer_run_durable(self.run_id), error=repr(exc))
+            self.rt.log.warning("could not delete the run's consumer", durable=durable, error=repr(exc))
 
     async def _hand_back(self, run_delivery: Delivery) -> None:
         for group in self.groups.values():

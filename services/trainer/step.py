@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from crucible.agent.grammar import TOOL_CALL, constrained_logprobs
-from crucible.agent.toolcalls import ToolCallGrammar, masked_logprobs
+from crucible.agent.grammar import TOOL_CALL, constrained_logprobs, masked_logprobs
+from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.contracts.runconfig import OptimSection
 from crucible.model import Transformer
 from crucible.rl.losses import entropy_from_logprobs, policy_loss
@@ -17,26 +17,33 @@ def _shift(picked_BT1: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(picked_BT1[:, :1]), picked_BT1], dim=1)
 
 
+def replayed_masks(batch: Batch, tool_calls: ToolCallGrammar) -> torch.Tensor:
+    """Bool [B, T-1, V]: what a pretrained model's sampler allowed for each token from position 1 on,
+    its grammar replayed over the sampled tokens (once per step: the policy and the reference share it)."""
+    masks = torch.stack([
+        tool_calls.replay_masks(tokens.tolist(), (constraints == TOOL_CALL).tolist())
+        for tokens, constraints in zip(batch.tokens_BT, batch.constraints_BT)
+    ])  # fmt: skip
+    return masks[:, 1:]
+
+
 def token_logprobs(
     model: Transformer,
     batch: Batch,
     *,
     temperature: float,
     with_entropy: bool = False,
-    tool_calls: ToolCallGrammar | None = None,
+    allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """log pi(token_t | tokens_<t) under the constraint recorded at t, [B, T] with position 0 = 0, and
-    (if asked) the entropy of each position's constrained distribution. A pretrained model's tool-call
-    tokens get the masks of its grammar, replayed over the sampled tokens (`tool_calls`)."""
+    """log pi(token_t | tokens_<t) under what the sampler allowed at t, [B, T] with position 0 = 0, and
+    (if asked) the entropy of each position's constrained distribution. `allowed` [B, T-1, V] are a
+    pretrained model's replayed grammar masks (`replayed_masks`); without them, the byte-level table
+    under the recorded constraints."""
     out = model(batch.tokens_BT, routes=batch.routes_BTLk, valid_BT=batch.valid_BT)
-    if tool_calls is None:
+    if allowed is None:
         logp_BTV = constrained_logprobs(out.logits[:, :-1], batch.constraints_BT[:, 1:], temperature=temperature)
     else:
-        masks = torch.stack([
-            tool_calls.replay_masks(tokens.tolist(), (constraints == TOOL_CALL).tolist())
-            for tokens, constraints in zip(batch.tokens_BT, batch.constraints_BT)
-        ])  # fmt: skip
-        logp_BTV = masked_logprobs(out.logits[:, :-1], masks[:, 1:], temperature=temperature)
+        logp_BTV = masked_logprobs(out.logits[:, :-1], allowed, temperature=temperature)
     picked = logp_BTV.gather(-1, batch.tokens_BT[:, 1:, None]).squeeze(-1)
     # Tokens the policy did not sample may be outside their constraint (-inf); they are masked anyway.
     sampled = batch.mask_BT[:, 1:] > 0
@@ -62,15 +69,16 @@ def train_step(
     a pretrained model's actions."""
     model.train()
     optimizer.zero_grad(set_to_none=True)
+    allowed = None if tool_calls is None else replayed_masks(batch, tool_calls)
     logprobs, entropy = token_logprobs(
-        model, batch, temperature=temperature, with_entropy=optim.entropy_coef > 0, tool_calls=tool_calls
+        model, batch, temperature=temperature, with_entropy=optim.entropy_coef > 0, allowed=allowed
     )
     ref_logprobs = None
     if optim.kl_coef > 0:
         if reference is None:
             raise ValueError("kl_coef > 0 needs the reference policy")
         with torch.no_grad():
-            ref_logprobs, _ = token_logprobs(reference, batch, temperature=temperature, tool_calls=tool_calls)
+            ref_logprobs, _ = token_logprobs(reference, batch, temperature=temperature, allowed=allowed)
     stats = policy_loss(
         logprobs_BT=logprobs,
         behaviour_logprobs_BT=batch.behaviour_logprobs_BT,

@@ -45,13 +45,16 @@ def _table(vocab_size: int, device: torch.device) -> torch.Tensor:
     return table
 
 
-def constrained_logprobs(logits: torch.Tensor, constraints: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
-    """log-softmax of logits / temperature over the tokens each position's constraint allows.
-
-    logits [..., V] (any float dtype, computed in fp32), constraints [...] long; returns fp32 [..., V].
-    """
+def masked_logprobs(logits: torch.Tensor, allowed: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    """log-softmax of logits / temperature over the allowed tokens: the distribution a constrained token
+    is sampled from, and the one the trainer recomputes. logits [..., V] (any float dtype, computed in
+    fp32), allowed bool [..., V]; returns fp32 [..., V]."""
     if temperature <= 0:
         raise ValueError("temperature must be positive")
+    return torch.log_softmax((logits.float() / temperature).masked_fill(~allowed, float("-inf")), dim=-1)
+
+
+def constrained_logprobs(logits: torch.Tensor, constraints: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+    """`masked_logprobs` under each position's constraint of the byte-level table (constraints [...] long)."""
     table = allowed_table(logits.shape[-1], logits.device)
-    masked = (logits.float() / temperature).masked_fill(~table[constraints], float("-inf"))
-    return torch.log_softmax(masked, dim=-1)
+    return masked_logprobs(logits, table[constraints], temperature=temperature)

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from crucible.contracts.runconfig import AgentSection
+
 TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
@@ -101,9 +103,16 @@ class ToolCallGrammar:
             raise ToolCallError(f"the model's vocabulary ({self.vocab_size}) is smaller than the tokenizer's")
         lark = f"start: {json.dumps(OPEN)} call {json.dumps(CLOSE)}\ncall: %json {json.dumps(action_schema(tools, max_chars=max_chars))}"
         self.grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+        self._bit_shifts = torch.arange(32, dtype=torch.int32)  # a bitmask word's 32 tokens
         problem = llguidance.LLMatcher.validate_grammar(self.grammar, self.ll_tokenizer)
         if problem:
             raise ToolCallError(f"the tool-call grammar does not compile: {problem}")
+
+    @classmethod
+    def for_agent(cls, tokenizer: Any, *, vocab_size: int, agent: AgentSection) -> ToolCallGrammar:
+        """The grammar a run's rollouts sample under and its trainer replays: string arguments bounded by
+        the action budget, so that a call can always close within it."""
+        return cls(tokenizer, vocab_size=vocab_size, max_chars=agent.max_action_tokens)
 
     def matcher(self) -> Any:
         import llguidance
@@ -116,7 +125,7 @@ class ToolCallGrammar:
 
         bitmask = lt.allocate_token_bitmask(1, self.ll_tokenizer.vocab_size)
         lt.fill_next_token_bitmask(matcher, bitmask)
-        bits = (bitmask[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
+        bits = (bitmask[0].unsqueeze(-1) >> self._bit_shifts) & 1
         allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
         allowed[: self.ll_tokenizer.vocab_size] = bits.flatten()[: self.ll_tokenizer.vocab_size].bool()
         return allowed
@@ -155,14 +164,6 @@ class ToolCallGrammar:
             return call["name"], call["arguments"]
         except (ValueError, KeyError, TypeError) as exc:
             raise ToolCallError(f"malformed tool call {text[:80]!r}: {exc}") from None
-
-
-def masked_logprobs(logits: torch.Tensor, allowed: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
-    """log-softmax of logits / temperature over the allowed tokens ([..., V] each; fp32 out). The rollout
-    samples from it and records the sampled token's value; the trainer computes it with replayed masks."""
-    if temperature <= 0:
-        raise ValueError("temperature must be positive")
-    return torch.log_softmax((logits.float() / temperature).masked_fill(~allowed, float("-inf")), dim=-1)
 
 
 def render_text(

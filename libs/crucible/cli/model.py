@@ -75,7 +75,10 @@ def import_(
         if found.kind == "preset":
             raise SourceError("a preset has no pretrained weights to import; name a checkpoint")
         model = load_pretrained(found.value)
-        tokenizer = load_tokenizer(source) if found.kind == "gguf" or _has_tokenizer(found.value) else None
+        try:
+            tokenizer = load_tokenizer(source)
+        except SourceError:  # a checkpoint without tokenizer files: the weights alone
+            tokenizer = None
         save_checkpoint(model, out, tokenizer=tokenizer)
     except (SourceError, CheckpointError, OSError, ValueError) as exc:
         raise _fail(str(exc)) from None
@@ -133,10 +136,6 @@ async def _run_model(run_id: str, version: int | None):
     model = Transformer(model_config(created.config.model.source), precision="fp32")
     model.load_state_dict(state, strict=True)
     return model.eval()
-
-
-def _has_tokenizer(path: str) -> bool:
-    return (Path(path) / "tokenizer.json").is_file() or (Path(path) / "tokenizer_config.json").is_file()
 
 
 def register(app: typer.Typer) -> None:

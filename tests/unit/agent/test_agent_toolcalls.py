@@ -10,11 +10,11 @@ import torch
 import transformers
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from crucible.agent.grammar import masked_logprobs
 from crucible.agent.toolcalls import (
     TOOLS,
     ToolCallError,
     ToolCallGrammar,
-    masked_logprobs,
     render_prompt,
 )
 from crucible.model.hf import from_transformers
