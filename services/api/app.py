@@ -19,7 +19,7 @@ from services.api.ingest import run_ingest
 from services.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from services.api.pagination import InvalidCursor
 from services.api.queries import NotFound
-from services.api.routes import health, runs, trajectories
+from services.api.routes import evals, health, runs, trajectories
 from services.api.settings import Settings
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
@@ -38,7 +38,7 @@ def create_app(
     app = FastAPI(
         title="Crucible API",
         version=crucible.__version__,
-        description="Run history of Crucible: runs, steps, metrics, trajectories and checkpoints.",
+        description="Run history of Crucible: runs, steps, metrics, trajectories, checkpoints and evaluations.",
     )
     app.state.settings = settings
     app.state.sessionmaker = sessionmaker
@@ -46,7 +46,7 @@ def create_app(
     app.add_exception_handler(NotFound, _error(404))
     app.add_exception_handler(InvalidCursor, _error(400))
     app.add_exception_handler(Unavailable, _error(503))
-    for module in (health, runs, trajectories):
+    for module in (health, runs, trajectories, evals):
         app.include_router(module.router)
 
     @app.middleware("http")

@@ -5,14 +5,17 @@ from __future__ import annotations
 import uuid
 
 import structlog
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.bus import Bus
 from crucible.contracts import subjects
-from crucible.contracts.messages import RunCreated
+from crucible.contracts.messages import EvalRequest, RunCreated
 from crucible.contracts.runconfig import RunConfig
-from crucible.db.models import Run, utcnow
-from services.api.schemas import RunOut
+from crucible.db.models import Checkpoint, Evaluation, Run, utcnow
+from services.api.queries import NotFound
+from services.api.records.events import add_evaluation
+from services.api.schemas import EvalCreate, RunOut
 
 log = structlog.get_logger("crucible.api")
 
@@ -57,3 +60,48 @@ async def create_run(*, session: AsyncSession, bus: Bus | None, name: str, confi
         ) from exc
     log.info("run created", run_id=run.run_id, name=name)
     return RunOut.model_validate(run)
+
+
+def new_eval_id(run_id: str) -> str:
+    return f"{run_id}-e{uuid.uuid4().hex[:8]}"
+
+
+async def create_eval(*, session: AsyncSession, bus: Bus | None, body: EvalCreate) -> str:
+    """Record an evaluation of a published version, then ask the rollouts for it on EVALS. Returns its id.
+
+    NotFound for a run that does not exist or a version it has not published."""
+    run = await session.get(Run, body.run_id)
+    if run is None:
+        raise NotFound(f"run {body.run_id!r} not found")
+    published = select(func.max(Checkpoint.version)).where(Checkpoint.run_id == body.run_id)
+    if body.version is not None:
+        published = published.where(Checkpoint.version == body.version)
+    version = await session.scalar(published)
+    if version is None:
+        which = f"version {body.version}" if body.version is not None else "any version"
+        raise NotFound(f"run {body.run_id!r} has not published {which}")
+    if bus is None:
+        raise Unavailable("no bus: an evaluation cannot be requested")
+    request = EvalRequest.for_run(
+        eval_id=new_eval_id(body.run_id),
+        run_id=body.run_id,
+        version=version,
+        config=RunConfig.model_validate(run.config),
+        source="api",
+        taskset=body.taskset,
+        split=body.split,
+        samples=body.samples,
+        max_tasks=body.max_tasks,
+    )
+    await add_evaluation(session, request, when_ts=request.requested_at)
+    await session.commit()
+    try:
+        await bus.publish(subjects.eval_requested(body.run_id), request, msg_id=request.eval_id)
+    except Exception as exc:  # nats raises many unrelated types when the server is away
+        row = await session.get(Evaluation, request.eval_id)
+        if row is not None:
+            row.status, row.error = "failed", f"could not request the evaluation: {exc!r}"
+            await session.commit()
+        raise Unavailable(f"evaluation recorded but not requested, the bus is unavailable: {exc!r}") from exc
+    log.info("evaluation requested", eval_id=request.eval_id, run_id=body.run_id, version=version)
+    return request.eval_id

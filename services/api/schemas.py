@@ -81,6 +81,9 @@ class TrajectorySummary(BaseModel):
     tests_passed: int
     tests_total: int
     reward_components: dict[str, float]
+    resolved: bool
+    eval_id: str | None = Field(description="The evaluation this episode belongs to; null for training.")
+    eval_sample: int = Field(description="Within an evaluation: 0 greedy, 1..k sampled.")
     finish_reason: str
     num_tokens: int
     version_min: int
@@ -127,6 +130,10 @@ class RewardOut(BaseModel):
     components: dict[str, float]
     tests: list[TestResultOut]
     note: str
+    resolved: bool
+    fail_to_pass: list[int] = Field(description="[passed, total] of the task's FAIL_TO_PASS tests.")
+    pass_to_pass: list[int] = Field(description="[passed, total] of its PASS_TO_PASS tests.")
+    quality: dict[str, float]
 
 
 class TrajectoryDetail(TrajectorySummary):
@@ -139,3 +146,56 @@ class TrajectoryDetail(TrajectorySummary):
     started_at: float
     finished_at: float
     trained_steps: list[int]
+
+
+class EvalCreate(BaseModel):
+    """An evaluation of one published weight version; unset fields come from the run's `eval` section."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    run_id: str = Field(min_length=1, max_length=64)
+    version: int | None = Field(default=None, ge=0, description="Default: the run's latest published version.")
+    taskset: str | None = Field(default=None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
+    split: Literal["train", "validation", "test"] | None = None
+    samples: int | None = Field(default=None, ge=0, le=64, description="Sampled episodes per task (pass@k).")
+    max_tasks: int | None = Field(default=None, ge=1, le=10_000)
+
+
+class Rate(BaseModel):
+    """A proportion with its 95% Wilson score interval."""
+
+    value: float | None = Field(description="null until something was graded")
+    ci_low: float | None
+    ci_high: float | None
+    n: int = Field(description="How many outcomes it is over.")
+
+
+class EvalTaskOut(BaseModel):
+    task_id: str
+    greedy_resolved: bool | None = Field(description="null until the greedy episode is graded")
+    samples_resolved: int
+    samples_graded: int
+
+
+class EvalOut(BaseModel):
+    eval_id: str
+    run_id: str
+    version: int
+    taskset: str
+    split: str
+    samples: int
+    max_tasks: int
+    source: str
+    status: Literal["requested", "running", "finished", "failed"]
+    error: str | None
+    tasks: int | None
+    expected: int | None = Field(description="Episodes that will be graded (tasks x (1 + samples)).")
+    graded: int
+    failed_episodes: int
+    pass_at_1: Rate = Field(description="Greedy episode resolved, per task.")
+    pass_at_k: Rate = Field(description="At least one of the k sampled episodes resolved, per task.")
+    resolved_rate: Rate = Field(description="Every graded episode, greedy and sampled.")
+    quality: dict[str, float] = Field(description="Means over resolved episodes (services.grader.quality).")
+    per_task: list[EvalTaskOut]
+    created_at: datetime
+    updated_at: datetime

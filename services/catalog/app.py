@@ -6,11 +6,11 @@ from random import Random
 
 from crucible.bus import RequestError
 from crucible.contracts import subjects
-from crucible.contracts.messages import SampleReply, SampleRequest, TaskReply, TaskRequest
+from crucible.contracts.messages import ListRequest, SampleReply, SampleRequest, TaskReply, TaskRequest
 from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import check_schema
 from crucible.runtime import Runtime
-from services.catalog.index import get_task, sample_tasks
+from services.catalog.index import get_task, list_tasks, sample_tasks
 from services.catalog.metrics import REJECTED, TASKS
 from services.catalog.publish import publish_taskset
 from services.catalog.settings import Settings
@@ -62,6 +62,18 @@ async def setup(rt: Runtime[Settings]) -> None:
                 count=request.count,
                 difficulties=request.difficulties,
                 rng=Random(request.seed),
+                split=request.split,
+            )
+        return SampleReply(tasks=tasks)
+
+    async def list_split(request: ListRequest) -> SampleReply:
+        if request.limit > settings.max_sample:
+            raise RequestError(
+                "bad_request", f"limit {request.limit} is over the limit of {settings.max_sample}"
+            )
+        async with sessionmaker() as session:
+            tasks = await list_tasks(
+                session=session, taskset=request.taskset, split=request.split, limit=request.limit
             )
         return SampleReply(tasks=tasks)
 
@@ -73,3 +85,4 @@ async def setup(rt: Runtime[Settings]) -> None:
 
     await rt.bus.serve(subjects.CATALOG_SAMPLE, sample, SampleRequest, queue=subjects.CATALOG_QUEUE)
     await rt.bus.serve(subjects.CATALOG_GET, get, TaskRequest, queue=subjects.CATALOG_QUEUE)
+    await rt.bus.serve(subjects.CATALOG_LIST, list_split, ListRequest, queue=subjects.CATALOG_QUEUE)

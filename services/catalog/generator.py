@@ -18,10 +18,12 @@ from services.catalog.evaluate import Outcome, is_testable, run_probes
 from services.catalog.families import FAMILIES, Family
 from services.catalog.layout import Placed, Placement, place
 from services.catalog.render import Case, pyproject, readme, signature, test_name, test_source, unified_patch
+from services.catalog.splits import index_split
 from services.catalog.statements import statement
 
 HIDDEN_TESTS = "tests/test_hidden.py"
-TEST_COMMAND = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider", HIDDEN_TESTS)
+TEST_COMMAND = ("python", "-m", "pytest", "-q", "-p", "no:cacheprovider")
+"""Followed by the task's test files: the hidden acceptance tests and the repository's visible ones."""
 _ATTEMPTS = 40
 
 
@@ -54,6 +56,11 @@ class GeneratedTask:
     """Laid over the repository root before grading."""
     reference_patch: str
     test_command: tuple[str, ...]
+    fail_to_pass: tuple[str, ...]
+    """The hidden tests that fail on the bug (node ids)."""
+    pass_to_pass: tuple[str, ...]
+    """The hidden and visible tests that pass with and without it."""
+    split: str
     bug: BugInfo
 
 
@@ -79,7 +86,9 @@ def generate_task(*, seed: int, difficulty: int, index: int, taskset: str = "pyb
     rng = Random(f"{taskset}:{seed}:{difficulty}:{index}")
     for _ in range(_ATTEMPTS):
         task_id = f"{taskset}-d{difficulty}-{index:04d}"
-        task = _attempt(rng=rng, family=family, difficulty=difficulty, taskset=taskset, task_id=task_id)
+        task = _attempt(
+            rng=rng, family=family, difficulty=difficulty, taskset=taskset, task_id=task_id, task_split=index_split(index)
+        )
         if task is not None:
             return task
     raise GenerationError(
@@ -88,7 +97,7 @@ def generate_task(*, seed: int, difficulty: int, index: int, taskset: str = "pyb
 
 
 def _attempt(
-    *, rng: Random, family: Family, difficulty: int, taskset: str, task_id: str
+    *, rng: Random, family: Family, difficulty: int, taskset: str, task_id: str, task_split: str
 ) -> GeneratedTask | None:
     others = [f for f in FAMILIES if f.key != family.key]
     p = place(rng=rng, family=family, difficulty=difficulty, filler=rng.choice(others or [family]))
@@ -124,8 +133,12 @@ def _attempt(
     )
     if p.leaks(text):
         return None
-    files = _repository(p=p, visible=visible, rng=rng)
+    visible_path = f"tests/test_{p.symptom.module}.py"
+    visible_source, visible_names = _tests(p=p, rows=visible, doc=f"Tests for {p.package}.")
+    files = _repository(p=p, visible=(visible_path, visible_source), rng=rng)
     fixed_files = files | p.sources(buggy=False)
+    hidden_source, hidden_names = _tests(p=p, rows=hidden_fail + hidden_pass, doc="Acceptance tests.")
+    failing_names = hidden_names[: len(hidden_fail)]
     return GeneratedTask(
         task_id=task_id,
         taskset=taskset,
@@ -133,9 +146,15 @@ def _attempt(
         family=family.key,
         statement=text,
         files=files,
-        hidden_files={HIDDEN_TESTS: _tests(p=p, rows=hidden_fail + hidden_pass, doc="Acceptance tests.")},
+        hidden_files={HIDDEN_TESTS: hidden_source},
         reference_patch=unified_patch(before=files, after=fixed_files),
-        test_command=TEST_COMMAND,
+        test_command=(*TEST_COMMAND, HIDDEN_TESTS, visible_path),
+        fail_to_pass=tuple(f"{HIDDEN_TESTS}::{name}" for name in failing_names),
+        pass_to_pass=tuple(
+            [f"{HIDDEN_TESTS}::{name}" for name in hidden_names[len(hidden_fail) :]]
+            + [f"{visible_path}::{name}" for name in visible_names]
+        ),
+        split=task_split,
         bug=BugInfo(
             kind=p.mutation.kind,
             function=p.bug.name,
@@ -156,16 +175,17 @@ class _Row:
     buggy: Outcome
 
 
-def _tests(*, p: Placement, rows: list[_Row], doc: str) -> str:
+def _tests(*, p: Placement, rows: list[_Row], doc: str) -> tuple[str, list[str]]:
+    """A test module for `rows` and its test names, in the rows' order."""
     taken: set[str] = set()
     cases = [
         Case(name=test_name(function=r.owner.name, taken=taken), setup=r.setup, expr=r.expr, expected=r.fixed)
         for r in rows
     ]
-    return test_source(doc=doc, package=p.package, exports=p.exports, cases=cases)
+    return test_source(doc=doc, package=p.package, exports=p.exports, cases=cases), [c.name for c in cases]
 
 
-def _repository(*, p: Placement, visible: list[_Row], rng: Random) -> dict[str, str]:
+def _repository(*, p: Placement, visible: tuple[str, str], rng: Random) -> dict[str, str]:
     sources = p.sources(buggy=True)
     listing = {
         module: [
@@ -179,5 +199,5 @@ def _repository(*, p: Placement, visible: list[_Row], rng: Random) -> dict[str, 
         "README.md": readme(package=p.package, description=p.description, modules=listing),
         "pyproject.toml": pyproject(package=p.package, version=f"0.{rng.randint(1, 9)}.{rng.randint(0, 9)}"),
         **sources,
-        f"tests/test_{p.symptom.module}.py": _tests(p=p, rows=visible, doc=f"Tests for {p.package}."),
+        visible[0]: visible[1],
     }

@@ -17,6 +17,9 @@ from crucible.db.models import Task
 _UPSERT_BATCH = 200
 ROW_FIELDS = (
     "taskset",
+    "split",
+    "source",
+    "repo",
     "difficulty",
     "family",
     "statement",
@@ -24,6 +27,8 @@ ROW_FIELDS = (
     "hidden_tests",
     "test_command",
     "reference_patch",
+    "fail_to_pass",
+    "pass_to_pass",
 )
 
 
@@ -55,24 +60,38 @@ async def delete_tasks_except(*, session: AsyncSession, taskset: str, keep: set[
 
 
 async def sample_tasks(
-    *, session: AsyncSession, taskset: str, count: int, difficulties: Sequence[int] | None, rng: Random
+    *,
+    session: AsyncSession,
+    taskset: str,
+    count: int,
+    difficulties: Sequence[int] | None,
+    rng: Random,
+    split: str = "train",
 ) -> list[TaskSpec]:
-    """`count` tasks drawn at random: without repeats while the selection lasts, then round after round."""
+    """`count` tasks of one split drawn at random: without repeats while the selection lasts, then round
+    after round."""
     if count < 1:
         raise RequestError("bad_request", f"count must be at least 1, got {count}")
     if difficulties is not None and not difficulties:
         raise RequestError("bad_request", "difficulties must be omitted or list at least one level")
     found = (
-        await session.execute(select(Task.task_id, Task.difficulty).where(Task.taskset == taskset))
+        await session.execute(
+            select(Task.task_id, Task.difficulty, Task.split).where(Task.taskset == taskset)
+        )
     ).all()
     if not found:
         raise RequestError("unknown_taskset", f"no task set named {taskset!r}")
-    pool = sorted(task_id for task_id, level in found if difficulties is None or level in difficulties)
+    in_split = [(task_id, level) for task_id, level, task_split in found if task_split == split]
+    if not in_split:
+        splits = sorted({task_split for _, _, task_split in found})
+        raise RequestError("empty_selection", f"task set {taskset!r} has no {split} task; it has {splits}")
+    pool = sorted(task_id for task_id, level in in_split if difficulties is None or level in difficulties)
     if not pool:
-        levels = sorted({level for _, level in found})
+        levels = sorted({level for _, level in in_split})
         raise RequestError(
             "empty_selection",
-            f"task set {taskset!r} has no task at difficulties {list(difficulties or [])}; it has {levels}",
+            f"task set {taskset!r} has no {split} task at difficulties {list(difficulties or [])}; "
+            f"it has {levels}",
         )
     chosen: list[str] = []
     while len(chosen) < count:
@@ -80,6 +99,20 @@ async def sample_tasks(
     rows = (await session.scalars(select(Task).where(Task.task_id.in_(set(chosen))))).all()
     by_id = {row.task_id: row for row in rows}
     return [task_spec(by_id[task_id]) for task_id in chosen]
+
+
+async def list_tasks(*, session: AsyncSession, taskset: str, split: str, limit: int) -> list[TaskSpec]:
+    """The first `limit` tasks of one split, in task id order."""
+    if limit < 1:
+        raise RequestError("bad_request", f"limit must be at least 1, got {limit}")
+    rows = (
+        await session.scalars(
+            select(Task).where(Task.taskset == taskset, Task.split == split).order_by(Task.task_id).limit(limit)
+        )
+    ).all()
+    if not rows:
+        raise RequestError("empty_selection", f"task set {taskset!r} has no {split} task")
+    return [task_spec(row) for row in rows]
 
 
 async def get_task(*, session: AsyncSession, task_id: str, include_secret: bool) -> TaskReply:
@@ -97,6 +130,7 @@ def task_spec(row: Task) -> TaskSpec:
         difficulty=row.difficulty,
         statement=row.statement,
         snapshot=ObjectRef(**row.snapshot),
+        split=row.split,
     )
 
 
@@ -106,4 +140,6 @@ def task_secret(row: Task) -> TaskSecret:
         hidden_tests=ObjectRef(**row.hidden_tests),
         test_command=list(row.test_command),
         reference_patch=row.reference_patch,
+        fail_to_pass=list(row.fail_to_pass),
+        pass_to_pass=list(row.pass_to_pass),
     )

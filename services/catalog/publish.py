@@ -1,10 +1,12 @@
-"""Make a generated task set available: generate, verify, upload the archives, index the rows.
+"""Make task sets available: archives to the object store, rows to the index, in that order, so a row is
+never served before its files exist.
 
-Idempotent and safe to run from several replicas at once: archives are reproducible, so a task
-whose stored row and objects already match what the generator produces is reused without being
-verified again; everything else is verified, uploaded under fixed keys and upserted. Rows of the set
-that the generator no longer produces, or that failed verification, are removed, so they are never
-served.
+`store_tasks` does it for verified tasks of any source (generated, imported, synthesized).
+`publish_taskset` is the built-in generated set: idempotent and safe to run from several replicas at
+once. Archives are reproducible, so a task whose stored row and objects already match what the
+generator produces is reused without being verified again; everything else is verified, uploaded
+under fixed keys and upserted. Rows of the set that the generator no longer produces, or that failed
+verification, are removed, so they are never served.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +29,73 @@ from services.catalog.index import delete_tasks_except, stored_rows, upsert_task
 from services.catalog.snapshots import tarball
 from services.catalog.verify import VerifyResult, verify_task
 
+SNAPSHOT, HIDDEN = "repo.tar.gz", "hidden.tar.gz"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskRecord:
+    """One verified task as the index serves it, whatever made it: its two archives and its row."""
+
+    task_id: str
+    taskset: str
+    split: str
+    source: str
+    repo: str = ""
+    difficulty: int
+    family: str
+    statement: str
+    snapshot: bytes
+    """tar.gz of the repository the agent starts from."""
+    hidden: bytes
+    """tar.gz of the test files laid over it before grading."""
+    test_command: tuple[str, ...]
+    reference_patch: str
+    fail_to_pass: tuple[str, ...]
+    pass_to_pass: tuple[str, ...]
+
+    def row(self, store: ObjectStore) -> dict[str, Any]:
+        return {
+            "taskset": self.taskset,
+            "split": self.split,
+            "source": self.source,
+            "repo": self.repo,
+            "difficulty": self.difficulty,
+            "family": self.family,
+            "statement": self.statement,
+            "snapshot": _ref(store, taskset_object(self.taskset, self.task_id, SNAPSHOT), self.snapshot),
+            "hidden_tests": _ref(store, taskset_object(self.taskset, self.task_id, HIDDEN), self.hidden),
+            "test_command": list(self.test_command),
+            "reference_patch": self.reference_patch,
+            "fail_to_pass": list(self.fail_to_pass),
+            "pass_to_pass": list(self.pass_to_pass),
+        }
+
+
+async def store_tasks(
+    records: Sequence[TaskRecord],
+    *,
+    store: ObjectStore,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    replace: str | None = None,
+    keep: set[str] = frozenset(),
+) -> int:
+    """Upload the records' archives, then index them in one transaction. With `replace` (a task set's
+    name), the set's other rows, but those in `keep`, are removed. Returns how many rows were removed."""
+    for record in records:
+        for name, data in ((SNAPSHOT, record.snapshot), (HIDDEN, record.hidden)):
+            key = taskset_object(record.taskset, record.task_id, name)
+            await store.put_bytes(key, data, content_type="application/gzip")
+    now = datetime.now(UTC)
+    async with sessionmaker() as session, session.begin():
+        await upsert_tasks(
+            session=session,
+            rows=[{"task_id": r.task_id, **r.row(store), "created_at": now} for r in records],
+        )
+        if replace is None:
+            return 0
+        kept = keep | {r.task_id for r in records}
+        return await delete_tasks_except(session=session, taskset=replace, keep=kept)
+
 
 @dataclass(frozen=True, kw_only=True)
 class PublishReport:
@@ -37,14 +106,6 @@ class PublishReport:
     removed: int
     rejected: dict[str, str] = field(default_factory=dict)
     """task_id -> why verification refused it."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class _Packed:
-    task: GeneratedTask
-    repo: bytes
-    hidden: bytes
-    row: dict[str, Any]
 
 
 async def publish_taskset(
@@ -62,36 +123,23 @@ async def publish_taskset(
     tasks = await asyncio.to_thread(
         generate_taskset, seed=seed, per_difficulty=per_difficulty, difficulties=difficulties, taskset=name
     )
-    packed = [_pack(task, store=store) for task in tasks]
+    by_id = {task.task_id: task for task in tasks}
+    records = [generated_record(task) for task in tasks]
     async with sessionmaker() as session:
         stored = await stored_rows(session=session, taskset=name)
-    current = [p for p in packed if stored.get(p.task.task_id) == p.row and await _objects_exist(store, p)]
-    reused = {p.task.task_id for p in current}
-    todo = [p for p in packed if p.task.task_id not in reused]
-    results = await _verify_all([p.task for p in todo], workers=workers, timeout=timeout)
+    current = {r.task_id for r in records if stored.get(r.task_id) == r.row(store) and await _objects_exist(store, r)}
+    todo = [r for r in records if r.task_id not in current]
+    results = await _verify_all([by_id[r.task_id] for r in todo], workers=workers, timeout=timeout)
     rejected = {r.task_id: r.reason for r in results if not r.ok}
     if on_rejected is not None:
         for result in results:
             if not result.ok:
                 on_rejected(result)
-    fresh = [p for p in todo if p.task.task_id not in rejected]
-    for p in fresh:
-        await store.put_bytes(
-            taskset_object(name, p.task.task_id, "repo.tar.gz"), p.repo, content_type="application/gzip"
-        )
-        await store.put_bytes(
-            taskset_object(name, p.task.task_id, "hidden.tar.gz"), p.hidden, content_type="application/gzip"
-        )
-    now = datetime.now(UTC)
-    async with sessionmaker() as session, session.begin():
-        await upsert_tasks(
-            session=session, rows=[{"task_id": p.task.task_id, **p.row, "created_at": now} for p in fresh]
-        )
-        keep = {p.task.task_id for p in current + fresh}
-        removed = await delete_tasks_except(session=session, taskset=name, keep=keep)
+    fresh = [r for r in todo if r.task_id not in rejected]
+    removed = await store_tasks(fresh, store=store, sessionmaker=sessionmaker, replace=name, keep=current)
     return PublishReport(
         taskset=name,
-        generated=len(packed),
+        generated=len(records),
         reused=len(current),
         published=len(fresh),
         removed=removed,
@@ -99,27 +147,30 @@ async def publish_taskset(
     )
 
 
+def generated_record(task: GeneratedTask) -> TaskRecord:
+    return TaskRecord(
+        task_id=task.task_id,
+        taskset=task.taskset,
+        split=task.split,
+        source="generated",
+        difficulty=task.difficulty,
+        family=task.family,
+        statement=task.statement,
+        snapshot=tarball(task.files),
+        hidden=tarball(task.hidden_files),
+        test_command=task.test_command,
+        reference_patch=task.reference_patch,
+        fail_to_pass=task.fail_to_pass,
+        pass_to_pass=task.pass_to_pass,
+    )
+
+
 def _ref(store: ObjectStore, key: str, data: bytes) -> dict[str, Any]:
     return {"uri": store.uri(key), "sha256": hashlib.sha256(data).hexdigest(), "size": len(data)}
 
 
-def _pack(task: GeneratedTask, *, store: ObjectStore) -> _Packed:
-    repo, hidden = tarball(task.files), tarball(task.hidden_files)
-    row = {
-        "taskset": task.taskset,
-        "difficulty": task.difficulty,
-        "family": task.family,
-        "statement": task.statement,
-        "snapshot": _ref(store, taskset_object(task.taskset, task.task_id, "repo.tar.gz"), repo),
-        "hidden_tests": _ref(store, taskset_object(task.taskset, task.task_id, "hidden.tar.gz"), hidden),
-        "test_command": list(task.test_command),
-        "reference_patch": task.reference_patch,
-    }
-    return _Packed(task=task, repo=repo, hidden=hidden, row=row)
-
-
-async def _objects_exist(store: ObjectStore, p: _Packed) -> bool:
-    keys = [taskset_object(p.task.taskset, p.task.task_id, name) for name in ("repo.tar.gz", "hidden.tar.gz")]
+async def _objects_exist(store: ObjectStore, record: TaskRecord) -> bool:
+    keys = [taskset_object(record.taskset, record.task_id, name) for name in (SNAPSHOT, HIDDEN)]
     return all([await store.exists(key) for key in keys])
 
 

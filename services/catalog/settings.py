@@ -12,8 +12,9 @@ class Settings(CommonSettings):
     """Name of the built-in, generated task set this service publishes at start."""
     taskset_seed: int = 0
     """Seed of the generator: the same seed always gives the same tasks."""
-    tasks_per_difficulty: int = Field(default=4, ge=0, le=1000)
-    """Tasks generated at each difficulty; each one is verified (pytest twice) before it is served."""
+    tasks_per_difficulty: int = Field(default=5, ge=0, le=1000)
+    """Tasks generated at each difficulty; each one is verified (pytest twice) before it is served. One
+    in five goes to the test split and one in five to validation (services.catalog.splits)."""
     difficulties: list[int] = Field(default_factory=lambda: [1, 2, 3])
     verify_workers: int = Field(default=2, ge=1, le=64)
     """Tasks verified at once at start-up."""

@@ -1,4 +1,6 @@
-"""Anti-cheat: a diff may change the code under test, never the tests or how pytest runs them.
+"""Anti-cheat: a diff may change the code under test, never the tests or how pytest runs them. It may
+add a new test module (a test_*.py or *_test.py file that did not exist): grading runs the task's own
+listed tests only, so a new module is never collected, and adding tests is good practice.
 
 Paths are read with a unified-diff parser and taken as `git apply` takes them (the first path
 component, `a/` or `b/`, stripped). Both sides of a rename or copy count: moving a test file away is
@@ -44,22 +46,43 @@ def _strip_prefix(path: str) -> str | None:
     return posixpath.normpath(parts[-1])
 
 
-def touched_paths(diff: str) -> list[str]:
-    """Every path, before and after, that applying `diff` would create, change, move or delete."""
-    if not diff.strip():
-        return []
+def _parse(diff: str) -> PatchSet:
     try:
         patch = PatchSet(diff)
     except UnidiffParseError as exc:
         raise BadDiff(str(exc)) from exc
     if not len(patch):
         raise BadDiff("no file changes found in a non-empty diff")
+    return patch
+
+
+def touched_paths(diff: str) -> list[str]:
+    """Every path, before and after, that applying `diff` would create, change, move or delete."""
+    if not diff.strip():
+        return []
     paths: set[str] = set()
-    for file in patch:
+    for file in _parse(diff):
         for name in (file.source_file, file.target_file):
             if name and (path := _strip_prefix(name)) is not None:
                 paths.add(path)
     return sorted(paths)
+
+
+def added_test_modules(diff: str) -> list[str]:
+    """The new test modules `diff` creates (allowed; see the module's docstring)."""
+    if not diff.strip():
+        return []
+    return sorted(
+        path
+        for file in _parse(diff)
+        if file.is_added_file
+        and (path := _strip_prefix(file.target_file)) is not None
+        and _is_test_module(path.rsplit("/", 1)[-1])
+    )
+
+
+def _is_test_module(name: str) -> bool:
+    return name != "conftest.py" and any(fnmatch.fnmatchcase(name, p) for p in TEST_FILE_PATTERNS)
 
 
 def is_protected(path: str) -> bool:
@@ -77,4 +100,5 @@ def is_protected(path: str) -> bool:
 
 def protected_paths(diff: str) -> list[str]:
     """The paths of `diff` a fair solution must not touch (BadDiff if it does not parse)."""
-    return [path for path in touched_paths(diff) if is_protected(path)]
+    added = set(added_test_modules(diff))
+    return [path for path in touched_paths(diff) if is_protected(path) and path not in added]

@@ -6,16 +6,18 @@ from crucible.bus import Delivery
 from crucible.contracts import subjects
 from crucible.contracts.messages import Trajectory
 from crucible.runtime import Runtime
+from services.grader.grading import RunConfigs
 from services.grader.settings import Settings
 from services.grader.worker import handle_trajectory
 
 
 async def setup(rt: Runtime[Settings]) -> None:
     settings = rt.settings
+    configs = RunConfigs(rt.bus)
 
     async def on_trajectory(trajectory: Trajectory, delivery: Delivery) -> None:
         await handle_trajectory(
-            trajectory=trajectory, delivery=delivery, bus=rt.bus, redis=rt.redis, settings=settings
+            trajectory=trajectory, delivery=delivery, bus=rt.bus, redis=rt.redis, configs=configs, settings=settings
         )
 
     for index in range(settings.concurrency):

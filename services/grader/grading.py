@@ -16,8 +16,11 @@ from crucible import pytest_report
 from crucible.bus import Bus, BusError
 from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts import subjects
-from crucible.contracts.messages import Reward, TaskReply, TaskRequest, TaskSecret, Trajectory
+from crucible.contracts.messages import Reward, RunCreated, TaskReply, TaskRequest, TaskSecret, Trajectory
+from crucible.contracts.packing import unpack
+from crucible.contracts.runconfig import RunConfig
 from services.grader.anticheat import BadDiff, protected_paths
+from services.grader.quality import change_measures, lint_findings, lint_paths
 from services.grader.reward import compute_reward, zero_reward
 from services.grader.settings import Settings
 
@@ -29,11 +32,34 @@ class GradingInfraError(RuntimeError):
     """Crucible, not the trajectory, failed; grade it again later."""
 
 
-async def grade(*, bus: Bus, trajectory: Trajectory, settings: Settings) -> Reward:
+class RunConfigs:
+    """Each run's config, read once from its `created` message on RUNS (the reward options live there).
+    A run with no such message (a trajectory forged or from a test) is graded with the defaults."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+        self.known: dict[str, RunConfig] = {}
+
+    async def get(self, run_id: str) -> RunConfig:
+        if run_id not in self.known:
+            created = await self.bus.latest(subjects.RUNS, subjects.run_created(run_id), RunCreated)
+            if created is None:
+                log.warning("no run config on the bus; default reward options", run_id=run_id)
+                return RunConfig()
+            self.known[run_id] = created.config
+        return self.known[run_id]
+
+
+async def grade(*, bus: Bus, trajectory: Trajectory, config: RunConfig, settings: Settings) -> Reward:
     request = TaskRequest(task_id=trajectory.task_id, include_secret=True)
     task = await bus.request(subjects.CATALOG_GET, request, TaskReply, timeout=settings.catalog_timeout_s)
     if task.secret is None or not task.secret.test_command:
         raise GradingInfraError(f"catalog sent task {trajectory.task_id} without its secret or test command")
+    if not trajectory.final_diff.strip():
+        # Nothing changed: the snapshot fails every FAIL_TO_PASS test by construction (verified).
+        return compute_reward(
+            tests=[], fail_to_pass=task.secret.fail_to_pass, pass_to_pass=task.secret.pass_to_pass, changed=False
+        )
     try:
         protected = protected_paths(trajectory.final_diff)
     except BadDiff as exc:
@@ -53,7 +79,7 @@ async def grade(*, bus: Bus, trajectory: Trajectory, settings: Settings) -> Rewa
     )
     try:
         return await run_hidden_tests(
-            session=session, trajectory=trajectory, secret=task.secret, settings=settings
+            session=session, trajectory=trajectory, secret=task.secret, config=config, settings=settings
         )
     finally:
         try:
@@ -63,13 +89,17 @@ async def grade(*, bus: Bus, trajectory: Trajectory, settings: Settings) -> Rewa
 
 
 async def run_hidden_tests(
-    *, session: SandboxSession, trajectory: Trajectory, secret: TaskSecret, settings: Settings
+    *, session: SandboxSession, trajectory: Trajectory, secret: TaskSecret, config: RunConfig, settings: Settings
 ) -> Reward:
+    measure = bool(trajectory.eval_id)  # quality measures: for evaluations only
+    lint_before, lint_after = lint_paths(trajectory.final_diff) if measure else ([], [])
+    findings_before = await lint_findings(session, lint_before) if measure else None
     applied = await session.apply_patch(trajectory.final_diff)
     if not applied.ok:
         return zero_reward(
             note=f"diff does not apply: {applied.error or ''} {applied.output}".strip()[:NOTE_CHARS]
         )
+    findings_after = await lint_findings(session, lint_after) if measure else None
     overlay = await session.overlay(secret.hidden_tests)
     if not overlay.ok:
         raise GradingInfraError(f"hidden tests of {secret.task_id} do not unpack: {overlay.error}")
@@ -84,6 +114,18 @@ async def run_hidden_tests(
         return zero_reward(
             note=f"no test results ({run.error or 'no tests ran'}): {run.output[-300:]}"[:NOTE_CHARS]
         )
-    return compute_reward(
-        tests=run.tests, tool_calls=trajectory.tool_calls, shaping_weight=settings.shaping_weight
+    reward = compute_reward(
+        tests=run.tests,
+        fail_to_pass=secret.fail_to_pass,
+        pass_to_pass=secret.pass_to_pass,
+        changed=True,
+        tool_calls=trajectory.tool_calls,
+        sampled_tokens=sum(unpack("u8", trajectory.loss_mask)),
+        token_budget=config.agent.max_turns * config.agent.max_action_tokens,
+        options=config.reward,
     )
+    if measure and reward.resolved:
+        reward.quality = change_measures(trajectory=trajectory, reference_patch=secret.reference_patch)
+        if findings_before is not None and findings_after is not None:
+            reward.quality["lint_introduced"] = float(findings_after - findings_before)
+    return reward

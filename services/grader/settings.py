@@ -22,8 +22,6 @@ class Settings(CommonSettings):
     catalog_timeout_s: float = Field(default=10.0, gt=0)
     sandbox_timeout_s: float = Field(default=120.0, gt=0)
     """Deadline of one sandbox call other than the test run (create, apply, overlay)."""
-    shaping_weight: float = Field(default=0.1, ge=0)
-    """Weight of the tool-success shaping term (see services.grader.reward)."""
     graded_key_ttl_s: int = Field(default=7 * 86400, ge=60)
     """Lifetime of the Redis marker that lets a redelivered, already graded trajectory skip work."""
 

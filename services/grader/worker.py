@@ -17,7 +17,7 @@ from crucible.bus import Bus, Delivery
 from crucible.contracts import subjects
 from crucible.contracts.keys import graded_claim_prefix, graded_key
 from crucible.contracts.messages import GradedTrajectory, Trajectory
-from services.grader.grading import grade
+from services.grader.grading import RunConfigs, grade
 from services.grader.metrics import GRADE_SECONDS, REWARD, TRAJECTORIES
 from services.grader.settings import Settings
 
@@ -40,7 +40,13 @@ async def mark_graded(*, redis: aioredis.Redis, trajectory_id: str, ttl_s: int) 
 
 
 async def handle_trajectory(
-    *, trajectory: Trajectory, delivery: Delivery, bus: Bus, redis: aioredis.Redis, settings: Settings
+    *,
+    trajectory: Trajectory,
+    delivery: Delivery,
+    bus: Bus,
+    redis: aioredis.Redis,
+    configs: RunConfigs,
+    settings: Settings,
 ) -> None:
     tid = trajectory.trajectory_id
     bound = log.bind(
@@ -52,7 +58,8 @@ async def handle_trajectory(
         return
     started = time.monotonic()
     async with delivery.keep_alive(every_s=settings.heartbeat_s):
-        reward = await grade(bus=bus, trajectory=trajectory, settings=settings)
+        config = await configs.get(trajectory.run_id)
+        reward = await grade(bus=bus, trajectory=trajectory, config=config, settings=settings)
     graded = GradedTrajectory(
         trajectory=trajectory, reward=reward, graded_at=time.time(), grader_replica=settings.replica
     )

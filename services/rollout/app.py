@@ -1,13 +1,16 @@
-"""Rollout service: follows weight announcements and runs a worker for each live run it hears of."""
+"""Rollout service: follows weight announcements and runs a worker for each live run it hears of, and
+runs the evaluations asked for on EVALS (one at a time per replica)."""
 
 from __future__ import annotations
 
 import torch
 
+from crucible.bus import Delivery
 from crucible.contracts import subjects
-from crucible.contracts.messages import RunCreated, WeightsAnnounced
+from crucible.contracts.messages import EvalRequest, RunCreated, WeightsAnnounced
 from crucible.runtime import Runtime
 from services.rollout.admission import budget_spent
+from services.rollout.evaluation import handle_eval_request
 from services.rollout.settings import Settings
 from services.rollout.worker import RunWorker, run_finished
 
@@ -40,3 +43,20 @@ async def setup(rt: Runtime[Settings]) -> None:
             workers.pop(worker.run_id, None)
 
     await rt.bus.watch(subjects.WEIGHTS_ANNOUNCED_ALL, WeightsAnnounced, on_announced, last_per_subject=True)
+
+    async def on_eval(request: EvalRequest, delivery: Delivery) -> None:
+        await handle_eval_request(rt, request, delivery)
+
+    rt.spawn(
+        rt.bus.consume(
+            stream=subjects.EVALS,
+            durable=subjects.ROLLOUT_EVALS_DURABLE,
+            filter_subject=subjects.STREAMS[subjects.EVALS].all_subjects,
+            handler=on_eval,
+            message_type=EvalRequest,
+            stop=rt.stopping,
+            ack_wait=60.0,
+            max_deliver=3,
+        ),
+        name="evaluations",
+    )

@@ -32,6 +32,13 @@ class EpisodeState:
     constraints: list[int] = field(default_factory=list)
     routes: list[list[list[int]]] = field(default_factory=list)  # per fed token: [layers][top_k]
     fed: int = 0  # tokens already run through the model
+    greedy: bool = False
+    """Take the most likely allowed token instead of sampling (an evaluation's pass@1 episode)."""
+
+    def pick(self, logp: torch.Tensor, generator: torch.Generator) -> int:
+        if self.greedy:
+            return int(torch.argmax(logp))
+        return int(torch.multinomial(logp.exp(), 1, generator=generator))
 
     def append_env(self, tokens: list[int], version: int) -> None:
         for token in tokens:
@@ -96,10 +103,10 @@ class PolicyEngine:
             model.load_state_dict(state_dict, strict=True)
             self._current = (model, version)
 
-    def new_episode(self) -> EpisodeState:
+    def new_episode(self, *, greedy: bool = False) -> EpisodeState:
         if self._current is None:
             raise RuntimeError("no weights loaded yet")
-        return EpisodeState(cache=self._current[0].new_cache(batch_size=1, max_len=self.max_context))
+        return EpisodeState(cache=self._current[0].new_cache(batch_size=1, max_len=self.max_context), greedy=greedy)
 
     @torch.inference_mode()
     def _feed(self, model: Transformer, state: EpisodeState) -> torch.Tensor:
@@ -132,7 +139,7 @@ class PolicyEngine:
             logp = grammar.constrained_logprobs(
                 logits, torch.tensor(constraint), temperature=self.config.agent.temperature
             )
-            token = int(torch.multinomial(logp.exp(), 1, generator=generator))
+            token = state.pick(logp, generator)
             state.append_sampled(token, float(logp[token]), version, constraint)
             if constraint == grammar.TOOL:
                 name = tokenizer.tool_name(token)
@@ -167,7 +174,7 @@ class PolicyEngine:
             logp = grammar.masked_logprobs(
                 logits, self.tool_calls.allowed(matcher), temperature=self.config.agent.temperature
             )
-            token = int(torch.multinomial(logp.exp(), 1, generator=generator))
+            token = state.pick(logp, generator)
             state.append_sampled(token, float(logp[token]), version, grammar.TOOL_CALL)
             action.append(token)
             if token == eos:

@@ -67,10 +67,12 @@ async def run_episode(
     seed: int,
     replica: str,
     tool_timeout_s: float,
+    greedy: bool = False,
+    trajectory_id: str | None = None,
 ) -> Trajectory:
     started = time.time()
     generator = torch.Generator().manual_seed(seed)
-    state: EpisodeState = engine.new_episode()
+    state: EpisodeState = engine.new_episode(greedy=greedy)
     if engine.tool_calls is not None:
         calls, finish = await _chat_turns(engine, config, task, session, state, generator, tool_timeout_s)
     else:
@@ -80,7 +82,7 @@ async def run_episode(
     token_text = [] if engine.tokenizer is None else engine.tokenizer.batch_decode([[t] for t in state.tokens])
     return Trajectory(
         run_id=run_id,
-        trajectory_id=uuid.uuid4().hex,
+        trajectory_id=trajectory_id or uuid.uuid4().hex,
         group_id=group_id,
         task_id=task.task_id,
         taskset=task.taskset,

@@ -22,9 +22,15 @@ from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.bus import Delivery
 from crucible.clients.checkpoints import publish_weights
 from crucible.contracts import ContractError, subjects
-from crucible.contracts.events import Event, EventPayload, RunStatus, StepReport
+from crucible.contracts.events import EvalReport, Event, EventPayload, RunStatus, StepReport
 from crucible.contracts.keys import DAY_S, finished_key, refills_key, trainer_state_key
-from crucible.contracts.messages import GradedTrajectory, RunCreated, RunFinished
+from crucible.contracts.messages import (
+    EvalRequest,
+    GradedTrajectory,
+    RunCreated,
+    RunFinished,
+    scheduled_eval_id,
+)
 from crucible.contracts.packing import unpack
 from crucible.model import Transformer
 from crucible.model.sources import initial_model, load_tokenizer
@@ -120,6 +126,20 @@ class RunJob:
                 await asyncio.sleep(2**attempt)
         VERSION.labels(self.run_id).set(self.version)
         self.rt.log.info("published weights", run_id=self.run_id, version=self.version, step=self.step)
+        every = self.config.eval.every_versions
+        if every and self.version and self.version % every == 0:
+            await self._request_eval()
+
+    async def _request_eval(self) -> None:
+        """Ask for the evaluation the run's `eval` section schedules at the current version (once: its id
+        is the message id, so asking again after a crash is dropped as a duplicate)."""
+        eval_id = scheduled_eval_id(self.run_id, self.version)
+        request = EvalRequest.for_run(
+            eval_id=eval_id, run_id=self.run_id, version=self.version, config=self.config, source="schedule"
+        )
+        await self.rt.bus.publish(subjects.eval_requested(self.run_id), request, msg_id=eval_id)
+        await self._event(EvalReport(request=request, status="requested"))
+        self.rt.log.info("evaluation requested", run_id=self.run_id, version=self.version, eval_id=eval_id)
 
     async def _event(self, data: EventPayload) -> None:
         event = Event.now(self.run_id, data, source=self.settings.replica)
@@ -130,6 +150,8 @@ class RunJob:
         if trajectory.run_id != self.run_id:
             raise ContractError(f"graded trajectory of run {trajectory.run_id} on run {self.run_id}'s subject")
         validate(trajectory)
+        if trajectory.eval_id:
+            return  # an evaluation's episode: graded for the record, never trained on
         if trajectory.trajectory_id in self.trained:
             return  # trained before a restart; acked now
         delivery.hold()
@@ -224,6 +246,8 @@ class RunJob:
             self.version += 1
             await self._save_state()
             await self._publish()
+        if self.config.eval.at_end:
+            await self._request_eval()
         finished = RunFinished(
             run_id=self.run_id, status="finished", step=self.step, version=self.version, finished_at=time.time()
         )
@@ -302,6 +326,7 @@ class RunJob:
         metrics.update(
             {
                 "reward_mean": sum(rewards_all) / len(rewards_all),
+                "resolved_rate": sum(g.reward.resolved for g in graded) / len(graded),
                 "reward_max": max(rewards_all),
                 "staleness_mean": sum(lags) / len(lags),
                 "staleness_max": float(max(lags)),

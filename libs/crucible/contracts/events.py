@@ -12,7 +12,7 @@ from typing import Literal
 import msgspec
 
 from crucible.contracts import subjects
-from crucible.contracts.messages import Message
+from crucible.contracts.messages import EvalRequest, Message
 
 RunStatusName = Literal["created", "running", "finished", "failed"]
 TERMINAL_STATUSES = ("finished", "failed")
@@ -63,7 +63,20 @@ class RolloutReport(EventData, tag="rollout"):
     episodes_per_min: float
 
 
-EventPayload = RunStatus | StepReport | CheckpointPublished | RolloutReport
+class EvalReport(EventData, tag="eval"):
+    """Where an evaluation stands: `requested` (by the run's schedule), `running` once a rollout replica
+    knows its episodes (`expected` trajectories), `done` when every episode was published or failed
+    (`failed_episodes` of them never will be graded), `failed` when it cannot run at all."""
+
+    request: EvalRequest
+    status: Literal["requested", "running", "done", "failed"]
+    tasks: int = 0
+    expected: int = 0
+    failed_episodes: int = 0
+    error: str = ""
+
+
+EventPayload = RunStatus | StepReport | CheckpointPublished | RolloutReport | EvalReport
 
 
 class Event(Message, tag="event.v2"):
@@ -94,4 +107,6 @@ class Event(Message, tag="event.v2"):
             return f"{self.run_id}/step/{data.step}"
         if isinstance(data, CheckpointPublished):
             return f"{self.run_id}/checkpoint/{data.version}"
+        if isinstance(data, EvalReport):
+            return f"{self.run_id}/eval/{data.request.eval_id}/{data.status}"
         return None

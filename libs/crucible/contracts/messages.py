@@ -8,6 +8,8 @@ history events are in `events`, the run configuration (a pydantic model, validat
 
 from __future__ import annotations
 
+import time
+
 import msgspec
 
 from crucible.contracts.runconfig import RunConfig
@@ -43,6 +45,10 @@ class RunFinished(Message, tag="run.finished.v1"):
     error: str = ""
 
 
+SPLITS = ("train", "validation", "test")
+"""Every task belongs to one split, fixed when its task set is made; runs train on `train` only."""
+
+
 class TaskSpec(msgspec.Struct, kw_only=True):
     """What a rollout may see of a task."""
 
@@ -51,6 +57,7 @@ class TaskSpec(msgspec.Struct, kw_only=True):
     difficulty: int
     statement: str
     snapshot: ObjectRef  # tar.gz of the buggy repository
+    split: str = "train"
 
 
 class TaskSecret(msgspec.Struct, kw_only=True):
@@ -60,6 +67,10 @@ class TaskSecret(msgspec.Struct, kw_only=True):
     hidden_tests: ObjectRef  # tar.gz of test files, laid over the repository root
     test_command: list[str]
     reference_patch: str
+    fail_to_pass: list[str] = msgspec.field(default_factory=list)
+    """Test node ids that fail on the snapshot and pass with the reference patch (SWE-bench's FAIL_TO_PASS)."""
+    pass_to_pass: list[str] = msgspec.field(default_factory=list)
+    """Test node ids that pass before and after; a fix must not break them (PASS_TO_PASS)."""
 
 
 class SampleRequest(Message, tag="catalog.sample.v1"):
@@ -68,6 +79,15 @@ class SampleRequest(Message, tag="catalog.sample.v1"):
     count: int = 1
     difficulties: list[int] | None = None
     seed: int | None = None
+    split: str = "train"
+
+
+class ListRequest(Message, tag="catalog.list.v1"):
+    """Every task of one split, in task id order (an evaluation's task list), at most `limit`."""
+
+    taskset: str
+    split: str = "test"
+    limit: int = 1000
 
 
 class SampleReply(Message, tag="catalog.sample_reply.v1"):
@@ -117,6 +137,10 @@ class Trajectory(Message, tag="trajectory.v1"):
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
     final_diff: str = ""
     finish_reason: str = "done"
+    eval_id: str = ""
+    """Set on an evaluation's episodes: graded like any other, never trained on."""
+    eval_sample: int = 0
+    """Within an evaluation: 0 for the greedy episode, 1..k for the sampled ones."""
     rollout_replica: str = ""
     started_at: float = 0.0
     finished_at: float = 0.0
@@ -134,8 +158,16 @@ class Reward(msgspec.Struct, kw_only=True):
     tests_passed: int
     tests_total: int
     components: dict[str, float] = msgspec.field(default_factory=dict)
+    """The terms that add up to `total` (see services.grader.reward)."""
     tests: list[TestResult] = msgspec.field(default_factory=list)
     note: str = ""
+    resolved: bool = False
+    """Every FAIL_TO_PASS test passes and every PASS_TO_PASS test still passes."""
+    fail_to_pass: list[int] = msgspec.field(default_factory=lambda: [0, 0])
+    """[passed, total] of the task's FAIL_TO_PASS tests."""
+    pass_to_pass: list[int] = msgspec.field(default_factory=lambda: [0, 0])
+    quality: dict[str, float] = msgspec.field(default_factory=dict)
+    """Measures of an evaluated, resolved change (lint introduced, diff size, ...; see grader.quality)."""
 
 
 class GradedTrajectory(Message, tag="graded.v1"):
@@ -143,6 +175,42 @@ class GradedTrajectory(Message, tag="graded.v1"):
     reward: Reward
     graded_at: float
     grader_replica: str = ""
+
+
+class EvalRequest(Message, tag="eval.request.v1"):
+    """Evaluate one weight version of a run on every task of a split: a greedy episode and `samples`
+    sampled ones per task, through the rollout, sandbox and grader services like training episodes."""
+
+    eval_id: str
+    run_id: str
+    version: int
+    taskset: str
+    split: str = "test"
+    samples: int = 4
+    max_tasks: int = 50
+    requested_at: float = 0.0
+    source: str = "api"  # api | schedule
+
+    @classmethod
+    def for_run(
+        cls, *, eval_id: str, run_id: str, version: int, config: RunConfig, source: str, **overrides: object
+    ) -> EvalRequest:
+        """The request the run's `eval` section describes, with any field overridden."""
+        fields: dict[str, object] = {
+            "taskset": config.eval.taskset or config.tasks.taskset,
+            "split": config.eval.split,
+            "samples": config.eval.samples,
+            "max_tasks": config.eval.max_tasks,
+        }
+        fields |= {name: value for name, value in overrides.items() if value is not None}
+        return cls(
+            eval_id=eval_id, run_id=run_id, version=version, source=source, requested_at=time.time(), **fields
+        )
+
+
+def scheduled_eval_id(run_id: str, version: int) -> str:
+    """The id of the evaluation a run's schedule asks for at `version` (one per version, however often asked)."""
+    return f"{run_id}-v{version}"
 
 
 class TensorEntry(msgspec.Struct, kw_only=True):

@@ -29,7 +29,7 @@ class Section(BaseModel):
 
 class TasksSection(Section):
     taskset: str = Field(default="pybugs", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
-    """The catalog's task set that episodes are sampled from."""
+    """The catalog's task set whose train split episodes are sampled from."""
     difficulties: list[Annotated[int, Field(ge=0, le=100)]] = Field(default=[1, 2], min_length=1, max_length=100)
     """Difficulty levels to sample, uniformly."""
 
@@ -140,6 +140,43 @@ class ScheduleSection(Section):
     optim.loss = "decoupled" keeps a gradient for stale tokens that PPO's clip would silence."""
 
 
+class RewardSection(Section):
+    """How a graded trajectory is scored (services.grader.reward). Whatever the options, a trajectory
+    that leaves the repository unchanged scores exactly 0: doing nothing never pays."""
+
+    kind: Literal["resolved", "fail_to_pass"] = "resolved"
+    """resolved: 1 when every FAIL_TO_PASS test passes and every PASS_TO_PASS test still passes, else 0
+    (SWE-bench's resolved); fail_to_pass: the fraction of FAIL_TO_PASS tests that pass, paid only while
+    every PASS_TO_PASS test still passes."""
+    pass_to_pass_penalty: float = Field(default=0.0, ge=0, le=10)
+    """Subtracted times the fraction of PASS_TO_PASS tests the change broke."""
+    length_penalty: float = Field(default=0.0, ge=0, le=10)
+    """Subtracted times the fraction of the episode's token budget (agent.max_turns x
+    agent.max_action_tokens) the policy sampled."""
+    tool_error_penalty: float = Field(default=0.0, ge=0, le=10)
+    """Subtracted times the fraction of tool calls that failed."""
+    shaping: float = Field(default=0.0, ge=0, le=10)
+    """Added times the fraction of tool calls (submit aside) that succeeded; off by default, and paid
+    only for a change, never for exploring without one."""
+
+
+class EvalSection(Section):
+    """Held-out evaluation during the run (also on demand: POST /v1/evals, `crucible eval`)."""
+
+    every_versions: int = Field(default=0, ge=0)
+    """Evaluate every this many published weight versions; 0: only on demand (and `at_end`)."""
+    at_end: bool = False
+    """Also evaluate the run's last published version."""
+    taskset: str | None = Field(default=None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
+    """Task set to evaluate on; default: the run's own (tasks.taskset)."""
+    split: Literal["validation", "test"] = "test"
+    """Held-out split to evaluate on; never train."""
+    samples: int = Field(default=4, ge=0, le=64)
+    """Sampled episodes per task besides the greedy one (pass@k with k = samples)."""
+    max_tasks: int = Field(default=50, ge=1, le=10_000)
+    """Tasks evaluated at most (the first ones of the split, in task id order)."""
+
+
 class RunConfig(Section):
     """Everything that defines a run."""
 
@@ -150,6 +187,8 @@ class RunConfig(Section):
     agent: AgentSection = Field(default_factory=AgentSection)
     optim: OptimSection = Field(default_factory=OptimSection)
     schedule: ScheduleSection = Field(default_factory=ScheduleSection)
+    reward: RewardSection = Field(default_factory=RewardSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
 
     @model_validator(mode="before")
     @classmethod

@@ -13,6 +13,7 @@ from typing import Literal
 # Request/reply (core NATS, queue groups).
 CATALOG_SAMPLE = "catalog.sample"
 CATALOG_GET = "catalog.get"
+CATALOG_LIST = "catalog.list"
 SANDBOX_CREATE = "sandbox.create"
 # Once created, a session lives on one replica: calls go to sandbox.<replica>.<verb>.
 SANDBOX_CALL = "sandbox.{replica}.{verb}"
@@ -46,6 +47,7 @@ ROLLOUTS = "ROLLOUTS"
 GRADED = "GRADED"
 EVENTS = "EVENTS"
 WEIGHTS = "WEIGHTS"
+EVALS = "EVALS"
 DEAD_LETTER = "DEADLETTER"
 
 STREAMS: dict[str, Stream] = {
@@ -56,6 +58,7 @@ STREAMS: dict[str, Stream] = {
         Stream(name=GRADED, subjects=("graded.>",)),
         Stream(name=EVENTS, subjects=("events.>",)),
         Stream(name=WEIGHTS, subjects=("weights.>",)),
+        Stream(name=EVALS, subjects=("evals.>",)),
         Stream(name=DEAD_LETTER, subjects=("deadletter.>",)),
     )
 }
@@ -67,6 +70,8 @@ GRADER_DURABLE = "grader"
 TRAINER_DURABLE = "trainer"
 API_GRADED_DURABLE = "api-graded"
 API_EVENTS_DURABLE = "api-events"
+ROLLOUT_EVALS_DURABLE = "rollout-evals"
+"""Shared by every rollout replica: each evaluation request is run by one of them."""
 
 
 def trainer_run_durable(run_id: str) -> str:
@@ -88,6 +93,10 @@ def rollouts(run_id: str) -> str:
 
 def graded(run_id: str) -> str:
     return f"graded.{run_id}"
+
+
+def eval_requested(run_id: str) -> str:
+    return f"evals.{run_id}.requested"
 
 
 def events(run_id: str, kind: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -133,6 +134,12 @@ class Trajectory(Base):
     tests_passed: Mapped[int] = mapped_column(Integer)
     tests_total: Mapped[int] = mapped_column(Integer)
     reward_components: Mapped[dict[str, Any]]
+    resolved: Mapped[bool] = mapped_column(Boolean, default=False)
+    eval_id: Mapped[str | None] = mapped_column(String(64), index=True)
+    """Set for an evaluation's episodes (never trained on); null for training episodes."""
+    eval_sample: Mapped[int] = mapped_column(Integer, default=0)
+    quality: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    """An evaluated, resolved change's quality measures (services.grader.quality); empty otherwise."""
     finish_reason: Mapped[str] = mapped_column(String(32))
     num_tokens: Mapped[int] = mapped_column(Integer)
     version_min: Mapped[int] = mapped_column(Integer)
@@ -170,6 +177,30 @@ class Checkpoint(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class Evaluation(Base):
+    """One evaluation of a weight version on a held-out split. Its episodes are the trajectories with
+    this `eval_id`; its scores are computed from them when read."""
+
+    __tablename__ = "evaluations"
+
+    eval_id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    run_id: Mapped[str] = _run_id_column()
+    version: Mapped[int] = mapped_column(Integer)
+    taskset: Mapped[str] = mapped_column(String(100))
+    split: Mapped[str] = mapped_column(String(16))
+    samples: Mapped[int] = mapped_column(Integer)
+    max_tasks: Mapped[int] = mapped_column(Integer)
+    source: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default="requested")
+    """requested, running (its episodes are known), failed; finished is when every episode is graded."""
+    tasks: Mapped[int | None] = mapped_column(Integer)
+    expected: Mapped[int | None] = mapped_column(Integer)
+    failed_episodes: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
 class Task(Base):
     """The catalog's index of one task; its files live in the object store (`snapshot`, `hidden_tests`
     are object references {uri, sha256, size})."""
@@ -178,6 +209,12 @@ class Task(Base):
 
     task_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     taskset: Mapped[str] = mapped_column(String(100), index=True)
+    split: Mapped[str] = mapped_column(String(16), default="train")
+    """train, validation or test: fixed when the task set is made (see services.catalog.splits)."""
+    source: Mapped[str] = mapped_column(String(32), default="generated")
+    """generated, swebench (imported) or synthesized."""
+    repo: Mapped[str] = mapped_column(String(200), default="")
+    """The repository an imported or synthesized task comes from."""
     difficulty: Mapped[int] = mapped_column(Integer)
     family: Mapped[str] = mapped_column(String(100))
     statement: Mapped[str] = mapped_column(Text)
@@ -185,4 +222,6 @@ class Task(Base):
     hidden_tests: Mapped[dict[str, Any]]
     test_command: Mapped[list[Any]]
     reference_patch: Mapped[str] = mapped_column(Text)
+    fail_to_pass: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    pass_to_pass: Mapped[list[Any]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -27,6 +27,9 @@ class TrajectoryFilter:
     version: int | None = None
     """Trajectories with agent tokens from this policy version (version_min <= v <= version_max)."""
     finish_reason: str | None = None
+    eval_id: str | None = None
+    """An evaluation's episodes; without it, the run's training episodes only."""
+    resolved: bool | None = None
 
 
 def _with_training(stmt: Select[Any]) -> Select[Any]:
@@ -59,6 +62,12 @@ async def list_trajectories(
 ) -> Page[TrajectorySummary]:
     await require_run(session, run_id)
     stmt = select(Trajectory).where(Trajectory.run_id == run_id)
+    if filters.eval_id is None:
+        stmt = stmt.where(Trajectory.eval_id.is_(None))
+    else:
+        stmt = stmt.where(Trajectory.eval_id == filters.eval_id)
+    if filters.resolved is not None:
+        stmt = stmt.where(Trajectory.resolved.is_(filters.resolved))
     if filters.min_reward is not None:
         stmt = stmt.where(Trajectory.reward >= filters.min_reward)
     if filters.max_reward is not None:

@@ -1,6 +1,6 @@
-"""Run events into the run history: `run.status`, `step` (with the trajectories it trained on) and
-`checkpoint`. Each is idempotent: a step or checkpoint is written once per key, and a finished or
-failed run does not reopen."""
+"""Run events into the run history: `run.status`, `step` (with the trajectories it trained on),
+`checkpoint` and `eval`. Each is idempotent: a step or checkpoint is written once per key, a finished or
+failed run does not reopen, and an evaluation's status only moves forward."""
 
 from __future__ import annotations
 
@@ -8,16 +8,24 @@ from collections import Counter
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from crucible.contracts.events import TERMINAL_STATUSES, CheckpointPublished, Event, RunStatus, StepReport
-from crucible.db.models import Checkpoint, Run, Step, StepTrajectory, utcnow
+from crucible.contracts.events import (
+    TERMINAL_STATUSES,
+    CheckpointPublished,
+    EvalReport,
+    Event,
+    RunStatus,
+    StepReport,
+)
+from crucible.contracts.messages import EvalRequest
+from crucible.db.models import Checkpoint, Evaluation, Run, Step, StepTrajectory, utcnow
 from crucible.db.statements import insert_or_ignore
 from services.api.records.common import known_run, log, when
 
 
 async def apply_event(*, session: AsyncSession, event: Event) -> None:
-    """Apply one run event: `run.status`, `step` or `checkpoint`; other kinds are not stored."""
+    """Apply one run event: `run.status`, `step`, `checkpoint` or `eval`; other kinds are not stored."""
     data = event.data
-    if not isinstance(data, RunStatus | StepReport | CheckpointPublished):
+    if not isinstance(data, RunStatus | StepReport | CheckpointPublished | EvalReport):
         return
     run = await known_run(session, event.run_id, f"{event.kind} event")
     if run is None:
@@ -26,6 +34,8 @@ async def apply_event(*, session: AsyncSession, event: Event) -> None:
         _set_status(run, data)
     elif isinstance(data, StepReport):
         await _record_step(session, event, data)
+    elif isinstance(data, EvalReport):
+        await _record_eval(session, data)
     else:
         await insert_or_ignore(
             session,
@@ -76,3 +86,40 @@ async def _record_step(session: AsyncSession, event: Event, data: StepReport) ->
         session.add(
             StepTrajectory(run_id=event.run_id, step=data.step, trajectory_id=trajectory_id, uses=uses)
         )
+
+
+EVAL_ORDER = {"requested": 0, "running": 1, "done": 2, "failed": 2}
+
+
+async def add_evaluation(session: AsyncSession, request: EvalRequest, *, when_ts: float) -> bool:
+    """The evaluation's row, once (True if it was new)."""
+    return await insert_or_ignore(
+        session,
+        Evaluation,
+        eval_id=request.eval_id,
+        run_id=request.run_id,
+        version=request.version,
+        taskset=request.taskset,
+        split=request.split,
+        samples=request.samples,
+        max_tasks=request.max_tasks,
+        source=request.source,
+        status="requested",
+        failed_episodes=0,
+        created_at=when(when_ts),
+        updated_at=utcnow(),
+    )
+
+
+async def _record_eval(session: AsyncSession, data: EvalReport) -> None:
+    await add_evaluation(session, data.request, when_ts=data.request.requested_at)
+    row = await session.get(Evaluation, data.request.eval_id)
+    assert row is not None
+    if EVAL_ORDER[data.status] < EVAL_ORDER[row.status] or row.status in ("done", "failed"):
+        return
+    row.status = data.status
+    if data.status in ("running", "done"):
+        row.tasks, row.expected = data.tasks, data.expected
+        row.failed_episodes = data.failed_episodes
+    if data.error:
+        row.error = data.error

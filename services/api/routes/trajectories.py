@@ -24,14 +24,20 @@ async def get_trajectories(
         int | None, Query(ge=0, description="Has agent tokens from this policy version.")
     ] = None,
     finish_reason: str | None = None,
+    eval_id: Annotated[
+        str | None, Query(description="This evaluation's episodes instead of the run's training ones.")
+    ] = None,
+    resolved: bool | None = None,
 ) -> Page[TrajectorySummary]:
-    """A run's graded trajectories, newest first."""
+    """A run's graded training trajectories (or one evaluation's episodes), newest first."""
     filters = queries.TrajectoryFilter(
         min_reward=min_reward,
         max_reward=max_reward,
         task_id=task_id,
         version=version,
         finish_reason=finish_reason,
+        eval_id=eval_id,
+        resolved=resolved,
     )
     return await queries.list_trajectories(
         session=session, run_id=run_id, limit=limit, cursor=cursor, filters=filters

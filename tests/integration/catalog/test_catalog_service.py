@@ -6,7 +6,7 @@ import pytest
 
 from crucible.bus import RemoteError
 from crucible.contracts import subjects
-from crucible.contracts.messages import SampleReply, SampleRequest, TaskReply, TaskRequest
+from crucible.contracts.messages import ListRequest, SampleReply, SampleRequest, TaskReply, TaskRequest
 from services.catalog.generator import HIDDEN_TESTS
 from services.catalog.snapshots import untar
 
@@ -31,7 +31,9 @@ async def test_sample_and_get_over_the_bus(bus, store):
     full = await bus.request(
         subjects.CATALOG_GET, TaskRequest(task_id=spec.task_id, include_secret=True), TaskReply, timeout=10
     )
-    assert full.secret is not None and full.secret.test_command[-1] == HIDDEN_TESTS
+    assert full.secret is not None and HIDDEN_TESTS in full.secret.test_command
+    assert full.secret.fail_to_pass and all(t.startswith(HIDDEN_TESTS) for t in full.secret.fail_to_pass)
+    assert full.secret.pass_to_pass and spec.split == "train"
     assert list(untar(await store.get_bytes(full.secret.hidden_tests))) == [HIDDEN_TESTS]
     assert full.secret.reference_patch.startswith("diff --git a/")
 
@@ -43,12 +45,23 @@ async def test_bad_requests_get_clear_errors(bus):
         (SampleRequest(run_id="r", taskset="pybugs", count=0), "bad_request"),
         (SampleRequest(run_id="r", taskset="pybugs", count=10**6), "bad_request"),
         (TaskRequest(task_id="pybugs-d9-9999"), "not_found"),
+        (SampleRequest(run_id="r", taskset="pybugs", split="test"), "empty_selection"),
+        (ListRequest(taskset="pybugs", split="test"), "empty_selection"),
+        (ListRequest(taskset="pybugs", split="train", limit=0), "bad_request"),
     ]
     for request, code in cases:
-        sample = isinstance(request, SampleRequest)
-        subject, reply_type = (
-            (subjects.CATALOG_SAMPLE, SampleReply) if sample else (subjects.CATALOG_GET, TaskReply)
-        )
+        subject, reply_type = {
+            SampleRequest: (subjects.CATALOG_SAMPLE, SampleReply),
+            ListRequest: (subjects.CATALOG_LIST, SampleReply),
+            TaskRequest: (subjects.CATALOG_GET, TaskReply),
+        }[type(request)]
         with pytest.raises(RemoteError) as error:
             await bus.request(subject, request, reply_type, timeout=10)
         assert error.value.code == code, request
+
+
+async def test_a_split_is_listed_in_task_id_order(bus):
+    listed = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset="pybugs", split="train"), SampleReply)
+    assert [t.task_id for t in listed.tasks] == ["pybugs-d1-0000", "pybugs-d2-0000"]
+    one = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset="pybugs", split="train", limit=1), SampleReply)
+    assert [t.task_id for t in one.tasks] == ["pybugs-d1-0000"]

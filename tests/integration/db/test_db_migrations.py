@@ -22,7 +22,9 @@ from crucible.db.migrate import (
 from crucible.db.models import Base
 
 pytestmark = pytest.mark.integration
-TABLES = {"runs", "steps", "step_trajectories", "trajectories", "gradings", "checkpoints", "tasks"}
+TABLES = {
+    "runs", "steps", "step_trajectories", "trajectories", "gradings", "checkpoints", "tasks", "evaluations"
+}
 
 
 async def _tables_and_diff(url: str) -> tuple[set[str], list, str | None]:

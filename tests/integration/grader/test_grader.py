@@ -17,8 +17,10 @@ from crucible.bus import Bus
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts import decode, packing, subjects
 from crucible.contracts.keys import graded_key
+from crucible.contracts.runconfig import RunConfig
 from crucible.contracts.messages import (
     GradedTrajectory,
+    RunCreated,
     SampleReply,
     SampleRequest,
     TaskReply,
@@ -38,6 +40,17 @@ new file mode 100644
 +++ b/NOTES.md
 @@ -0,0 +1 @@
 +Looked around; not sure where the bug is.
+"""
+
+
+NEW_TEST_MODULE = """\
+diff --git a/tests/test_extra.py b/tests/test_extra.py
+new file mode 100644
+--- /dev/null
++++ b/tests/test_extra.py
+@@ -0,0 +1,2 @@
++def test_more():
++    assert True
 """
 
 
@@ -126,11 +139,15 @@ async def test_rewards_for_right_wrong_cheating_and_broken_diffs_each_graded_onc
         diff=secret.reference_patch + WRONG_BUT_CLEAN.replace("NOTES.md", "tests/conftest.py"),
     )
     broken = trajectory(run_id=run_id, task=task, diff=with_wrong_context(secret.reference_patch))
+    idle = trajectory(run_id=run_id, task=task, diff="", tool_calls=[tool_call(0, ok=True)])
+    tested = trajectory(run_id=run_id, task=task, diff=secret.reference_patch + NEW_TEST_MODULE)
     for message in (
         right,
         wrong,
         cheat,
         broken,
+        idle,
+        tested,
         right,
     ):  # `right` twice: a redelivery, as far as the grader knows
         await bus.publish(subjects.rollouts(run_id), message)
@@ -139,24 +156,27 @@ async def test_rewards_for_right_wrong_cheating_and_broken_diffs_each_graded_onc
         lambda: queue_drained(bus, run_id), timeout_s=240, what="the grader to take every trajectory"
     )
     graded = {g.trajectory.trajectory_id: g for g in await graded_messages(bus, run_id)}
-    assert len(await graded_messages(bus, run_id)) == 4
-    assert graded.keys() == {
-        right.trajectory_id,
-        wrong.trajectory_id,
-        cheat.trajectory_id,
-        broken.trajectory_id,
-    }
+    assert len(await graded_messages(bus, run_id)) == 6
+    assert graded.keys() == {t.trajectory_id for t in (right, wrong, cheat, broken, idle, tested)}
 
     good = graded[right.trajectory_id].reward
     assert good.tests_total > 0 and good.tests_passed == good.tests_total, good
-    assert good.components == {"tests": 1.0, "tool_success": pytest.approx(0.05)}
-    assert good.total == pytest.approx(1.05)
+    assert good.resolved and good.total == 1.0 and good.components["base"] == 1.0
+    assert good.fail_to_pass == [len(secret.fail_to_pass)] * 2 and good.pass_to_pass == [len(secret.pass_to_pass)] * 2
     assert all(t.outcome == "passed" for t in good.tests)
+    assert good.quality == {}  # measured for evaluations only
 
     bad = graded[wrong.trajectory_id].reward
     assert bad.tests_total == good.tests_total and bad.tests_passed < bad.tests_total
-    assert bad.total < 1.0
+    assert bad.total == 0.0 and not bad.resolved and bad.fail_to_pass[0] == 0
     assert {t.outcome for t in bad.tests} >= {"failed"}
+
+    nothing = graded[idle.trajectory_id].reward
+    assert nothing.total == 0.0 and not nothing.resolved and nothing.tests_total == 0
+    assert set(nothing.components.values()) == {0.0} and "unchanged" in nothing.note
+
+    added = graded[tested.trajectory_id].reward
+    assert added.resolved and added.total == 1.0, added.note
 
     cheated = graded[cheat.trajectory_id].reward
     assert cheated.total == 0.0 and cheated.tests_total == 0
@@ -167,6 +187,24 @@ async def test_rewards_for_right_wrong_cheating_and_broken_diffs_each_graded_onc
 
     assert await grader.redis.exists(graded_key(right.trajectory_id))
     assert graded[right.trajectory_id].trajectory == right
+
+
+async def test_the_runs_reward_options_are_read_from_its_config(bus, grader):
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    config = RunConfig.model_validate({"reward": {"shaping": 0.5, "tool_error_penalty": 0.2}})
+    created = RunCreated(run_id=run_id, name="t", config=config, created_at=0.0)
+    await bus.publish(subjects.run_created(run_id), created, msg_id=run_id)
+    task = await a_task(bus, run_id)
+    assert task.secret is not None
+    right = trajectory(
+        run_id=run_id, task=task, diff=task.secret.reference_patch,
+        tool_calls=[tool_call(0, ok=True), tool_call(1, ok=False)],
+    )  # fmt: skip
+    await bus.publish(subjects.rollouts(run_id), right)
+    await wait_for(lambda: queue_drained(bus, run_id), timeout_s=120, what="the grader")
+    [graded] = await graded_messages(bus, run_id)
+    # base 1 + shaping 0.5 x 1/2 - tool errors 0.2 x 1/2
+    assert graded.reward.total == pytest.approx(1.15)
 
 
 async def slow_fix(bus: Bus, run_id: str, task: TaskReply) -> str:

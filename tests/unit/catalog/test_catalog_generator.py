@@ -79,10 +79,18 @@ def test_repository_layout(taskset):
         assert len(visible) == 1 and visible[0] != HIDDEN_TESTS
         assert list(task.hidden_files) == [HIDDEN_TESTS]
         assert task.hidden_files[HIDDEN_TESTS].count("\ndef test_") >= 2
-        assert task.test_command == TEST_COMMAND
+        assert task.test_command == (*TEST_COMMAND, HIDDEN_TESTS, visible[0])
+        assert task.fail_to_pass and all(t.startswith(f"{HIDDEN_TESTS}::test_") for t in task.fail_to_pass)
+        assert {t.split("::")[0] for t in task.pass_to_pass} <= {HIDDEN_TESTS, visible[0]}
+        assert not set(task.fail_to_pass) & set(task.pass_to_pass)
         for path, text in {**task.files, **task.hidden_files}.items():
             if path.endswith(".py"):
                 compile(text, path, "exec")
+
+
+def test_splits_are_fixed_by_index():
+    tasks = generate_taskset(seed=3, per_difficulty=5, difficulties=(1,))
+    assert [t.split for t in tasks] == ["train", "test", "train", "validation", "train"]
 
 
 def test_the_bug_is_in_the_code_and_the_patch_fixes_exactly_it(taskset, tmp_path: Path):

@@ -10,7 +10,7 @@ import pytest
 from crucible.pytest_report import read_report
 from services.catalog.generator import HIDDEN_TESTS, generate_task, generate_taskset
 from services.catalog.render import unified_patch
-from services.catalog.verify import verify_task
+from services.catalog.verify import verdict, verify_task
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +22,10 @@ def test_every_task_of_a_small_set_verifies():
     for task in generate_taskset(seed=11, per_difficulty=1):
         result = verify_task(task)
         assert result.ok, (task.task_id, result.reason)
-        hidden = {k: v for k, v in result.buggy.items() if "test_hidden" in k}
-        assert "failed" in hidden.values() and "passed" in hidden.values()
+        assert {result.buggy[t] for t in task.fail_to_pass} <= {"failed", "error"}
+        assert {result.buggy[t] for t in task.pass_to_pass} == {"passed"}
         assert set(result.fixed.values()) == {"passed"}
-        assert len(result.fixed) == len(result.buggy) >= 3
+        assert len(result.fixed) == len(result.buggy) == len(task.fail_to_pass) + len(task.pass_to_pass)
 
 
 @pytest.mark.slow
@@ -43,7 +43,7 @@ def test_a_patch_that_does_not_fix_the_bug_is_refused(task):
         before=task.files, after={**task.files, "README.md": task.files["README.md"] + "More.\n"}
     )
     result = verify_task(dataclasses.replace(task, reference_patch=noop))
-    assert not result.ok and result.reason == "a test fails with the reference patch applied"
+    assert not result.ok and result.reason.startswith("test failed with the reference patch: ")
 
 
 def test_a_patch_that_does_not_apply_is_refused(task):
@@ -54,13 +54,36 @@ def test_a_patch_that_does_not_apply_is_refused(task):
 
 def test_hidden_tests_that_all_pass_on_the_bug_are_refused(task):
     hidden = {HIDDEN_TESTS: "def test_one():\n    assert True\n\n\ndef test_two():\n    assert 1\n"}
-    result = verify_task(dataclasses.replace(task, hidden_files=hidden))
-    assert not result.ok and result.reason == "no hidden test fails on the buggy repository"
+    listed = (f"{HIDDEN_TESTS}::test_one",)
+    result = verify_task(dataclasses.replace(task, hidden_files=hidden, fail_to_pass=listed, pass_to_pass=()))
+    assert not result.ok and result.reason == f"FAIL_TO_PASS test passes on the snapshot: {listed[0]}"
+
+
+def test_a_listed_test_that_does_not_exist_is_refused(task):
+    ghost = (*task.pass_to_pass, f"{HIDDEN_TESTS}::test_that_is_not_there")
+    result = verify_task(dataclasses.replace(task, pass_to_pass=ghost))
+    assert not result.ok and "did not run on the snapshot, e.g. tests/test_hidden.py::test_that_is_not_there" in result.reason
+
+
+def test_the_verdict_rule_by_hand():
+    f2p, p2p = ["a::f"], ["a::p"]
+    ok = {"a::f": "passed", "a::p": "passed"}
+    assert verdict(fail_to_pass=f2p, pass_to_pass=p2p, before={"a::f": "failed", "a::p": "passed"}, after=ok) == ""
+    assert verdict(fail_to_pass=[], pass_to_pass=p2p, before=ok, after=ok) == "no FAIL_TO_PASS test"
+    broken = verdict(fail_to_pass=f2p, pass_to_pass=p2p, before={"a::f": "failed", "a::p": "error"}, after=ok)
+    assert broken == "PASS_TO_PASS test error on the snapshot: a::p"
+    still = verdict(
+        fail_to_pass=f2p, pass_to_pass=p2p, before={"a::f": "failed", "a::p": "passed"},
+        after={"a::f": "failed", "a::p": "passed"},
+    )  # fmt: skip
+    assert still == "test failed with the reference patch: a::f"
 
 
 def test_tests_that_hang_time_out(task):
     hidden = {HIDDEN_TESTS: "import time\n\n\ndef test_slow():\n    time.sleep(60)\n"}
-    result = verify_task(dataclasses.replace(task, hidden_files=hidden), timeout=3)
+    result = verify_task(
+        dataclasses.replace(task, hidden_files=hidden, fail_to_pass=(f"{HIDDEN_TESTS}::test_slow",)), timeout=3
+    )
     assert not result.ok and "ran past 3" in result.reason
 
 
@@ -72,10 +95,11 @@ def test_outcomes_are_keyed_by_node_id_and_a_liar_in_the_console_is_not_believed
         "def test_fine():\n"
         "    assert True\n"
     )
-    result = verify_task(dataclasses.replace(task, hidden_files={HIDDEN_TESTS: liar}))
+    listed = {"fail_to_pass": (f"{HIDDEN_TESTS}::test_liar",), "pass_to_pass": (f"{HIDDEN_TESTS}::test_fine",)}
+    result = verify_task(dataclasses.replace(task, hidden_files={HIDDEN_TESTS: liar}, **listed))
     assert result.buggy[f"{HIDDEN_TESTS}::test_liar"] == "failed"
     assert result.buggy[f"{HIDDEN_TESTS}::test_fine"] == "passed"
-    assert not result.ok and result.reason == "a test fails with the reference patch applied"
+    assert not result.ok and result.reason == f"test failed with the reference patch: {HIDDEN_TESTS}::test_liar"
 
 
 def test_the_tasks_own_modules_are_not_shadowed_by_crucibles(task):

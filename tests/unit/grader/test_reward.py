@@ -1,73 +1,101 @@
-"""Reward arithmetic, checked against values worked out by hand."""
+"""Reward arithmetic with SWE-bench semantics, checked against values worked out by hand."""
 
 from __future__ import annotations
+
+import itertools
 
 import pytest
 
 from crucible.contracts import messages
-from services.grader.reward import compute_reward, tool_success_fraction, zero_reward
+from crucible.contracts.runconfig import RewardSection
+from services.grader.reward import TERMS, compute_reward, zero_reward
+
+F2P = ["t.py::f1", "t.py::f2"]
+P2P = ["t.py::p1", "t.py::p2", "t.py::p3", "t.py::p4"]
 
 
-def results(*outcomes: str) -> list[messages.TestResult]:
-    return [messages.TestResult(nodeid=f"t::{i}", outcome=o) for i, o in enumerate(outcomes)]
+def results(**outcomes: str) -> list[messages.TestResult]:
+    return [messages.TestResult(nodeid=f"t.py::{name}", outcome=o) for name, o in outcomes.items()]
 
 
-def calls(*oks: bool) -> list[messages.ToolCall]:
+def calls(*named: tuple[str, bool]) -> list[messages.ToolCall]:
     return [
         messages.ToolCall(
-            index=i,
-            name="read_file",
-            arguments="{}",
-            ok=ok,
-            output="",
-            duration_s=0.1,
-            token_start=0,
-            token_end=1,
-            policy_version=0,
+            index=i, name=name, arguments="{}", ok=ok, output="", duration_s=0.1,
+            token_start=0, token_end=1, policy_version=0,
         )  # fmt: skip
-        for i, ok in enumerate(oks)
+        for i, (name, ok) in enumerate(named)
     ]
 
 
-def test_partial_credit_plus_shaping():
-    # 3 of 4 tests pass: 0.75; 2 of 5 tool calls succeed: 0.1 * 0.4 = 0.04; total 0.79.
-    reward = compute_reward(
-        tests=results("passed", "passed", "failed", "passed"),
-        tool_calls=calls(True, False, True, False, False),
-    )
-    assert reward.tests_passed == 3
-    assert reward.tests_total == 4
-    assert reward.components == {"tests": pytest.approx(0.75), "tool_success": pytest.approx(0.04)}
-    assert reward.total == pytest.approx(0.79)
-    assert len(reward.tests) == 4
+SOLVED = results(f1="passed", f2="passed", p1="passed", p2="passed", p3="passed", p4="passed")
+HALF = results(f1="passed", f2="failed", p1="passed", p2="passed", p3="passed", p4="passed")
+SOLVED_BUT_BROKE_ONE = results(f1="passed", f2="passed", p1="passed", p2="failed", p3="passed", p4="passed")
+BEFORE = results(f1="failed", f2="error", p1="passed", p2="passed", p3="passed", p4="passed")
 
 
-def test_skipped_and_errors_are_not_passes_and_weight_is_a_parameter():
-    # 1 of 4 passes: 0.25; 1 of 1 tool calls: 0.5 * 1.0; total 0.75.
-    reward = compute_reward(
-        tests=results("passed", "skipped", "error", "failed"), tool_calls=calls(True), shaping_weight=0.5
-    )
-    assert reward.total == pytest.approx(0.75)
-    assert reward.components["tests"] == pytest.approx(0.25)
+def reward(tests, options=None, **kwargs):
+    kwargs.setdefault("changed", True)
+    return compute_reward(tests=tests, fail_to_pass=F2P, pass_to_pass=P2P, options=options, **kwargs)
 
 
-def test_full_solution_without_tool_calls_scores_one():
-    reward = compute_reward(tests=results("passed", "passed"), tool_calls=[])
-    assert reward.total == 1.0
-    assert reward.components["tool_success"] == 0.0
+def test_resolved_is_all_or_nothing():
+    assert reward(SOLVED).total == 1.0 and reward(SOLVED).resolved
+    assert reward(HALF).total == 0.0 and not reward(HALF).resolved
+    broke = reward(SOLVED_BUT_BROKE_ONE)
+    assert broke.total == 0.0 and not broke.resolved
+    assert broke.fail_to_pass == [2, 2] and broke.pass_to_pass == [3, 4]
 
 
-def test_no_tests_scores_no_test_credit_and_says_so():
-    reward = compute_reward(tests=[], tool_calls=calls(True, True))
-    assert reward.components["tests"] == 0.0
-    assert reward.total == pytest.approx(0.1)
-    assert reward.note == "no hidden test ran"
+def test_partial_credit_over_fail_to_pass_is_gated_on_pass_to_pass():
+    options = RewardSection(kind="fail_to_pass")
+    assert reward(HALF, options).total == pytest.approx(0.5)
+    assert reward(SOLVED_BUT_BROKE_ONE, options).total == 0.0
 
 
-def test_tool_success_fraction_and_zero_reward():
-    assert tool_success_fraction(calls()) == 0.0
-    assert tool_success_fraction(calls(True, True, False)) == pytest.approx(2 / 3)
-    reward = zero_reward(note="diff touches tests/test_x.py")
-    assert reward.total == 0.0 and reward.tests_total == 0
-    assert set(reward.components.values()) == {0.0}
-    assert "tests/test_x.py" in reward.note
+def test_penalties_and_shaping_by_hand():
+    # base 1; shaping 0.2 x 2/3 ok (submit not counted); tool errors 0.3 x 1/3; length 0.5 x 30/100.
+    options = RewardSection(shaping=0.2, tool_error_penalty=0.3, length_penalty=0.5, pass_to_pass_penalty=1.0)
+    tools = calls(("read_file", True), ("replace", True), ("run", False), ("submit", True))
+    r = reward(SOLVED, options, tool_calls=tools, sampled_tokens=30, token_budget=100)
+    assert r.components == {
+        "base": 1.0,
+        "shaping": pytest.approx(0.2 * 2 / 3),
+        "pass_to_pass_penalty": 0.0,
+        "length_penalty": pytest.approx(-0.15),
+        "tool_error_penalty": pytest.approx(-0.1),
+    }
+    assert r.total == pytest.approx(1 + 0.2 * 2 / 3 - 0.15 - 0.1)
+    # One of four PASS_TO_PASS broken: base 0, penalty 1.0 x 1/4.
+    broke = reward(SOLVED_BUT_BROKE_ONE, options, sampled_tokens=0)
+    assert broke.components["pass_to_pass_penalty"] == pytest.approx(-0.25)
+    assert broke.total == pytest.approx(-0.25)
+
+
+OPTIONS = [
+    RewardSection(kind=kind, shaping=s, pass_to_pass_penalty=p, length_penalty=length, tool_error_penalty=e)
+    for kind, s, p, length, e in itertools.product(("resolved", "fail_to_pass"), (0, 1), (0, 1), (0, 1), (0, 1))
+]
+
+
+@pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{v}" for v in o.model_dump().values()))
+def test_doing_nothing_scores_exactly_zero_under_every_option(options):
+    busy = calls(("read_file", True), ("list_dir", True), ("submit", True))
+    for tests in (BEFORE, []):  # the tests run on the unchanged repository, or not run at all
+        r = compute_reward(
+            tests=tests, fail_to_pass=F2P, pass_to_pass=P2P, changed=False, tool_calls=busy,
+            sampled_tokens=80, token_budget=100, options=options,
+        )  # fmt: skip
+        assert r.total == 0.0 and not r.resolved
+        assert set(r.components) == set(TERMS) and set(r.components.values()) == {0.0}
+        # Even counted as a change, the snapshot's outcomes earn no base reward: FAIL_TO_PASS all fail.
+        assert reward(BEFORE, options).components["base"] == 0.0
+
+
+def test_missing_tests_count_as_not_passed_and_zero_reward():
+    r = reward(results(f1="passed"))
+    assert r.fail_to_pass == [1, 2] and r.pass_to_pass == [0, 4] and r.total == 0.0
+    z = zero_reward(note="diff touches tests/test_x.py")
+    assert z.total == 0.0 and z.tests_total == 0 and set(z.components.values()) == {0.0}
+    assert "tests/test_x.py" in z.note
+    assert "no FAIL_TO_PASS" in compute_reward(tests=[], fail_to_pass=[], pass_to_pass=[], changed=True).note

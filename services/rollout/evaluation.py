@@ -1,0 +1,133 @@
+"""Evaluations on a rollout replica: one weight version of a run on every task of a held-out split.
+
+Each task gets one sandbox, forked into 1 + k copies: episode 0 decodes greedily (pass@1), episodes
+1..k sample at the run's temperature (pass@k). They run through the same engine, sandbox and grader as
+training episodes, and are published on the run's ROLLOUTS subject marked with the evaluation's id, so
+the grader scores them (with quality measures) and the trainer leaves them alone. Their ids are fixed
+by (evaluation, task, sample): an evaluation redelivered after a crash republishes the same ids, which
+JetStream and the api drop as duplicates. Progress goes out as `eval` events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+
+from crucible.bus import Delivery
+from crucible.clients.checkpoints import load_weights
+from crucible.clients.sandbox import SandboxClient
+from crucible.contracts import subjects
+from crucible.contracts.events import EvalReport, Event
+from crucible.contracts.keys import trajectory_claim_prefix
+from crucible.contracts.messages import EvalRequest, ListRequest, RunCreated, SampleReply, TaskSpec
+from crucible.runtime import Runtime
+from services.rollout.engine import PolicyEngine
+from services.rollout.episode import run_episode
+from services.rollout.settings import Settings
+
+SANDBOX_TTL_S = 600.0
+KEEP_ALIVE_S = 10.0
+
+
+class EvaluationError(RuntimeError):
+    """The evaluation cannot run (unknown run, version not published, no such tasks)."""
+
+
+async def handle_eval_request(rt: Runtime[Settings], request: EvalRequest, delivery: Delivery) -> None:
+    async with delivery.keep_alive(every_s=KEEP_ALIVE_S):
+        try:
+            await run_evaluation(rt, request)
+        except EvaluationError as exc:
+            rt.log.error("evaluation cannot run", eval_id=request.eval_id, error=str(exc))
+            await _report(rt, request, status="failed", error=str(exc))
+
+
+async def run_evaluation(rt: Runtime[Settings], request: EvalRequest) -> None:
+    created = await rt.bus.latest(subjects.RUNS, subjects.run_created(request.run_id), RunCreated)
+    if created is None:
+        raise EvaluationError(f"no run {request.run_id!r}")
+    try:
+        manifest, state = await load_weights(
+            bus=rt.bus, store=rt.store, run_id=request.run_id, version=request.version
+        )
+    except Exception as exc:
+        raise EvaluationError(f"cannot load version {request.version} of {request.run_id}: {exc}") from exc
+    engine = PolicyEngine(config=created.config, max_context=rt.settings.max_context)
+    await asyncio.to_thread(engine.swap, state, manifest.version)
+    try:
+        listed = await rt.bus.request(
+            subjects.CATALOG_LIST,
+            ListRequest(taskset=request.taskset, split=request.split, limit=request.max_tasks),
+            SampleReply,
+            timeout=30,
+        )
+    except Exception as exc:
+        raise EvaluationError(f"no tasks: {exc}") from exc
+    tasks = listed.tasks
+    per_task = 1 + request.samples
+    await _report(rt, request, status="running", tasks=len(tasks), expected=len(tasks) * per_task)
+    rt.log.info("evaluating", eval_id=request.eval_id, version=request.version, tasks=len(tasks))
+    slots = asyncio.Semaphore(rt.settings.concurrent_groups)
+
+    async def one_task(index: int, task: TaskSpec) -> int:
+        async with slots:
+            return await _evaluate_task(rt, engine, created, request, index, task)
+
+    failed = await asyncio.gather(*(one_task(i, task) for i, task in enumerate(tasks)))
+    await _report(
+        rt, request, status="done", tasks=len(tasks), expected=len(tasks) * per_task, failed_episodes=sum(failed)
+    )
+    rt.log.info("evaluation episodes done", eval_id=request.eval_id, failed_episodes=sum(failed))
+
+
+async def _evaluate_task(rt, engine, created: RunCreated, request: EvalRequest, index: int, task: TaskSpec) -> int:
+    """Run and publish one task's episodes; returns how many failed (and so will never be graded)."""
+    per_task = 1 + request.samples
+    client = SandboxClient(rt.bus)
+    try:
+        prepared = await client.create(
+            run_id=request.run_id, task_id=task.task_id, snapshot=task.snapshot, ttl_s=SANDBOX_TTL_S
+        )
+        async with prepared:
+            sessions = await prepared.fork(per_task, ttl_s=SANDBOX_TTL_S)
+    except Exception as exc:
+        rt.log.error("no sandbox for an evaluated task", eval_id=request.eval_id, task=task.task_id, error=repr(exc))
+        return per_task
+
+    async def episode(sample: int, session) -> bool:
+        trajectory_id = f"{request.eval_id}-t{index:04d}-s{sample:02d}"
+        try:
+            async with session:
+                trajectory = await run_episode(
+                    engine=engine,
+                    config=created.config,
+                    task=task,
+                    session=session,
+                    run_id=request.run_id,
+                    group_id=f"{request.eval_id}-t{index:04d}",
+                    seed=created.config.seed * 7919 + index * 1000 + sample,
+                    replica=rt.settings.replica,
+                    tool_timeout_s=rt.settings.tool_timeout_s,
+                    greedy=sample == 0,
+                    trajectory_id=trajectory_id,
+                )
+            trajectory = msgspec.structs.replace(trajectory, eval_id=request.eval_id, eval_sample=sample)
+            await rt.bus.publish(
+                subjects.rollouts(request.run_id),
+                trajectory,
+                msg_id=trajectory_id,
+                claim_prefix=trajectory_claim_prefix(request.run_id, trajectory_id),
+            )
+            return True
+        except Exception as exc:  # counted as failed: the evaluation completes without it
+            rt.log.error("evaluation episode failed", eval_id=request.eval_id, trajectory=trajectory_id, error=repr(exc))
+            return False
+
+    results = await asyncio.gather(*(episode(i, s) for i, s in enumerate(sessions)))
+    return per_task - sum(results)
+
+
+async def _report(rt: Runtime[Settings], request: EvalRequest, **fields) -> None:
+    event = Event.now(request.run_id, EvalReport(request=request, **fields), source=rt.settings.replica)
+    await rt.bus.publish(event.subject, event, msg_id=event.msg_id)
