@@ -157,6 +157,20 @@ def sandbox_root() -> Iterator[Path]:
 
 
 @pytest.fixture
+async def sandbox(common_settings, sandbox_root):
+    """The sandbox service, in-process, on this test's settings."""
+    from crucible.runtime import running
+    from services.sandbox.app import setup
+    from services.sandbox.settings import Settings
+
+    if shutil.which("bwrap") is None:
+        pytest.skip("bubblewrap (bwrap) is not installed")
+    settings = common_settings(Settings, workspace_root=sandbox_root, replica=f"sb-{uuid.uuid4().hex[:8]}")
+    async with running("sandbox", settings, setup) as rt:
+        yield rt
+
+
+@pytest.fixture
 async def redis_client(redis_url: str):
     """A client of the session's Redis, closed after the test."""
     import redis.asyncio as aioredis

@@ -78,10 +78,12 @@ async def store_tasks(
     sessionmaker: async_sessionmaker[AsyncSession],
     replace: str | None = None,
     keep: set[str] = frozenset(),
+    upload: bool = True,
 ) -> int:
-    """Upload the records' archives, then index them in one transaction. With `replace` (a task set's
-    name), the set's other rows, but those in `keep`, are removed. Returns how many rows were removed."""
-    for record in records:
+    """Upload the records' archives (unless already there: `upload=False`), then index them in one
+    transaction. With `replace` (a task set's name), the set's other rows, but those in `keep`, are
+    removed. Returns how many rows were removed."""
+    for record in records if upload else ():
         for name, data in ((SNAPSHOT, record.snapshot), (HIDDEN, record.hidden)):
             key = taskset_object(record.taskset, record.task_id, name)
             await store.put_bytes(key, data, content_type="application/gzip")

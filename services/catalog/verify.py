@@ -61,11 +61,11 @@ class TestRunError(RuntimeError):
     """pytest did not produce a report (timeout, crash, or nothing collected)."""
 
 
-def write_files(*, root: Path, files: Mapping[str, str]) -> None:
-    for rel, text in files.items():
+def write_files(*, root: Path, files: Mapping[str, str | bytes]) -> None:
+    for rel, data in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
+        path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
 
 
 def run_tests(*, repo: Path, command: Sequence[str], timeout: float) -> dict[str, str]:

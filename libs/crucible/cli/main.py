@@ -1,5 +1,5 @@
 """The `crucible` command. Each command (group) lives in a module of its own that exposes `register(app)`:
-under crucible.cli, or with its service (services.sandbox.cli), named here by module path so that the
+under crucible.cli, or with its service (services.sandbox.cli, services.catalog.cli), named here by module path so that the
 library never imports a service. The modules import nothing heavy (torch, ray, the stack) until a
 command runs, so `crucible --help` answers fast."""
 
@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "crucible.cli.runs",
     "crucible.cli.model",
     "services.sandbox.cli",
+    "services.catalog.cli",
 )
 """Registered in this order; a module not written yet (or whose package is not installed) is left out."""
 

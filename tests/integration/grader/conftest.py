@@ -6,9 +6,6 @@ these tests' grader consumer away from every other test's streams.
 
 from __future__ import annotations
 
-import shutil
-import uuid
-
 import pytest
 
 from crucible.bus import Bus
@@ -20,8 +17,6 @@ from services.catalog.app import setup as catalog_setup
 from services.catalog.settings import Settings as CatalogSettings
 from services.grader.app import setup as grader_setup
 from services.grader.settings import Settings as GraderSettings
-from services.sandbox.app import setup as sandbox_setup
-from services.sandbox.settings import Settings as SandboxSettings
 
 
 @pytest.fixture(scope="module")
@@ -35,17 +30,6 @@ def nats_url(tmp_path_factory):
 def start_service():
     """`async with start_service(name, settings, setup) as rt:` runs a service for the block."""
     return running
-
-
-@pytest.fixture
-async def sandbox(common_settings, sandbox_root):
-    if shutil.which("bwrap") is None:
-        pytest.skip("bubblewrap (bwrap) is not installed")
-    settings = common_settings(
-        SandboxSettings, workspace_root=sandbox_root, replica=f"sb-{uuid.uuid4().hex[:8]}"
-    )
-    async with running("sandbox", settings, sandbox_setup) as rt:
-        yield rt
 
 
 @pytest.fixture

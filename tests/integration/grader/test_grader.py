@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import json
-import os
 import signal
 import sys
 import uuid
 
 import pytest
+from cli_runner import settings_env
 from nats.js.api import DeliverPolicy
 from prometheus_client import REGISTRY
 
@@ -17,7 +16,6 @@ from crucible.bus import Bus
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts import decode, packing, subjects
 from crucible.contracts.keys import graded_key
-from crucible.contracts.runconfig import RunConfig
 from crucible.contracts.messages import (
     GradedTrajectory,
     RunCreated,
@@ -28,7 +26,7 @@ from crucible.contracts.messages import (
     ToolCall,
     Trajectory,
 )
-from crucible.settings import CommonSettings
+from crucible.contracts.runconfig import RunConfig
 from services.grader.app import setup as grader_setup
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -226,13 +224,6 @@ async def slow_fix(bus: Bus, run_id: str, task: TaskReply) -> str:
         return await box.diff()
 
 
-def service_env(settings: CommonSettings) -> dict[str, str]:
-    env = dict(os.environ)
-    for name, value in settings.model_dump(mode="json").items():
-        env[f"CRUCIBLE_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
-    return env
-
-
 @pytest.mark.parametrize("grader_settings", [{"ack_wait_s": 4.0, "heartbeat_s": 1.0}], indirect=True)
 async def test_grader_killed_mid_run_is_picked_up_by_the_next_one(
     bus, sandbox, catalog, grader_settings, start_service, tmp_path
@@ -244,7 +235,7 @@ async def test_grader_killed_mid_run_is_picked_up_by_the_next_one(
 
     log = (tmp_path / "grader.log").open("wb")
     process = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "services.grader", env=service_env(grader_settings), stdout=log, stderr=log
+        sys.executable, "-m", "services.grader", env=settings_env(grader_settings), stdout=log, stderr=log
     )
     try:
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
+from reward_options import OPTIONS
 
 from crucible.contracts import messages
 from crucible.contracts.runconfig import RewardSection
@@ -70,12 +69,6 @@ def test_penalties_and_shaping_by_hand():
     broke = reward(SOLVED_BUT_BROKE_ONE, options, sampled_tokens=0)
     assert broke.components["pass_to_pass_penalty"] == pytest.approx(-0.25)
     assert broke.total == pytest.approx(-0.25)
-
-
-OPTIONS = [
-    RewardSection(kind=kind, shaping=s, pass_to_pass_penalty=p, length_penalty=length, tool_error_penalty=e)
-    for kind, s, p, length, e in itertools.product(("resolved", "fail_to_pass"), (0, 1), (0, 1), (0, 1), (0, 1))
-]
 
 
 @pytest.mark.parametrize("options", OPTIONS, ids=lambda o: "-".join(f"{v}" for v in o.model_dump().values()))
