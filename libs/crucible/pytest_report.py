@@ -19,6 +19,8 @@ from pathlib import Path
 COMMAND = ("python", "-m", "pytest")
 """How a task's test command starts; what follows it are pytest's arguments, run through this script."""
 SCRIPT = "crucible_pytest_report.py"
+TEST_DIRS = frozenset({"tests", "test"})
+TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "conftest.py")
 _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 _results: dict[str, dict[str, object]] = {}
 
@@ -65,6 +67,17 @@ def pytest_sessionfinish(session, exitstatus):
     if path:
         with open(path, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(result) + "\n" for result in _results.values())
+
+
+def is_test_path(path: str) -> bool:
+    """A test file or a file in a test folder, by pytest's conventions (the grader protects these; the
+    catalog's synthesis never mutates them)."""
+    import fnmatch
+
+    parts = path.split("/")
+    return any(part in TEST_DIRS for part in parts) or any(
+        fnmatch.fnmatchcase(parts[-1], pattern) for pattern in TEST_FILE_PATTERNS
+    )
 
 
 def split_command(command: list[str] | tuple[str, ...]) -> list[str]:

@@ -34,6 +34,7 @@ class ImportReport:
     splits: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     seconds_per_task: float = 0.0
+    """Wall time per verified task, everything included."""
     notes: list[str] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
@@ -96,7 +97,7 @@ async def verify_and_store(
     for record in verified:
         report.splits[record.split] = report.splits.get(record.split, 0) + 1
     report.seconds += time.monotonic() - started
-    report.seconds_per_task = report.seconds / max(1, len(candidates))
+    report.seconds_per_task = report.seconds / max(1, report.verified)
     return report
 
 

@@ -16,8 +16,8 @@ import posixpath
 from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
 
-TEST_DIRS = frozenset({"tests", "test"})
-TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "conftest.py")
+from crucible.pytest_report import TEST_FILE_PATTERNS, is_test_path
+
 PYTEST_CONFIG = frozenset({"pytest.ini", ".pytest.ini", "setup.cfg", "pyproject.toml", "tox.ini"})
 STARTUP_HOOKS = frozenset({"sitecustomize.py", "usercustomize.py"})
 """Run by the interpreter before any test; as good as a conftest.py."""
@@ -87,11 +87,9 @@ def _is_test_module(name: str) -> bool:
 
 def is_protected(path: str) -> bool:
     """True for test files, test folders, pytest configuration and interpreter start-up hooks."""
-    parts = path.split("/")
-    name = parts[-1]
+    name = path.split("/")[-1]
     return (
-        any(part in TEST_DIRS for part in parts)
-        or any(fnmatch.fnmatchcase(name, pattern) for pattern in TEST_FILE_PATTERNS)
+        is_test_path(path)
         or name in PYTEST_CONFIG
         or name in STARTUP_HOOKS
         or name.endswith(".pth")
