@@ -30,6 +30,11 @@ groups_per_step = 2
 max_steps = 6
 publish_every = 2
 max_staleness = 1
+
+[eval]
+at_end = true
+samples = 2
+max_tasks = 4
 """
 """The demo run's config, before --config and --set (a config file replaces it whole)."""
 
@@ -128,21 +133,35 @@ def _follow(*, client, stack, run_id: str, console: Console, timeout: float) -> 
             steps = _pages(client, f"/v1/runs/{run_id}/steps")
             trajectories = _pages(client, f"/v1/runs/{run_id}/trajectories")
             checkpoints = _pages(client, f"/v1/runs/{run_id}/checkpoints")
-            live.update(_table(run, steps, trajectories, checkpoints, time.monotonic() - t0))
-            if run["status"] in ("finished", "failed", "cancelled"):
-                return run["status"] == "finished"
+            evals = _pages(client, f"/v1/runs/{run_id}/evals")
+            live.update(_table(run, steps, trajectories, checkpoints, evals, time.monotonic() - t0))
+            if run["status"] == "failed":
+                return False
+            if run["status"] == "finished" and _evals_done(run, evals):
+                return True
             time.sleep(1.0)
     console.print("[red]timed out[/red]")
     return False
 
 
-def _table(run, steps, trajectories, checkpoints, elapsed: float) -> Table:
+def _evals_done(run: dict[str, Any], evals: list[dict[str, Any]]) -> bool:
+    """The run's end-of-run evaluation (when it asked for one) has finished or failed."""
+    if not run["config"]["eval"]["at_end"]:
+        return True
+    return bool(evals) and evals[-1]["status"] in ("finished", "failed")
+
+
+def _table(run, steps, trajectories, checkpoints, evals, elapsed: float) -> Table:
     last = steps[-1]["metrics"] if steps else {}
     table = Table(title=f"run {run['run_id']} — {run['status']}", show_header=False)
     table.add_row("step", f"{len(steps)} / {run['config']['schedule']['max_steps']}")
     table.add_row("weight versions published", str(len(checkpoints)))
     table.add_row("trajectories graded", str(len(trajectories)))
+    table.add_row("resolved (last step)", f"{last.get('resolved_rate', 0.0):.3f}")
     table.add_row("reward (last step mean)", f"{last.get('reward_mean', 0.0):.3f}")
+    if evals:
+        e = evals[-1]
+        table.add_row(f"evaluation v{e['version']}", f"{e['status']}: {e['graded']} / {e['expected'] or '?'} graded")
     table.add_row("staleness (last step mean)", f"{last.get('staleness_mean', 0.0):.2f}")
     table.add_row("throughput", f"{60 * len(trajectories) / max(elapsed, 1e-6):.1f} trajectories/min")
     return table
@@ -153,8 +172,11 @@ def _summary(*, client, run_id: str, api_url: str, elapsed: float) -> dict[str, 
     steps = _pages(client, f"/v1/runs/{run_id}/steps")
     trajectories = _pages(client, f"/v1/runs/{run_id}/trajectories")
     checkpoints = _pages(client, f"/v1/runs/{run_id}/checkpoints")
+    evals = _pages(client, f"/v1/runs/{run_id}/evals")
     versions_used = sorted({v for t in trajectories for v in range(t["version_min"], t["version_max"] + 1)})
     rewards = [s["metrics"].get("reward_mean", 0.0) for s in steps]
+    resolved = sum(t["resolved"] for t in trajectories)
+    last_eval = evals[-1] if evals else None
     return {
         "run_id": run_id,
         "api_url": api_url,
@@ -167,8 +189,22 @@ def _summary(*, client, run_id: str, api_url: str, elapsed: float) -> dict[str, 
         "tool_calls": sum(t["num_tool_calls"] for t in trajectories),
         "weight_versions_published": [c["version"] for c in checkpoints],
         "weight_versions_used_by_rollouts": versions_used,
+        "resolved_rate_trajectories": round(resolved / len(trajectories), 4) if trajectories else None,
         "reward_first_step": rewards[0] if rewards else None,
         "reward_last_step": rewards[-1] if rewards else None,
+        "eval": None if last_eval is None else {
+            "eval_id": last_eval["eval_id"],
+            "version": last_eval["version"],
+            "split": f"{last_eval['taskset']}/{last_eval['split']}",
+            "status": last_eval["status"],
+            "tasks": last_eval["tasks"],
+            "pass_at_1": last_eval["pass_at_1"]["value"],
+            "pass_at_k": last_eval["pass_at_k"]["value"],
+            "resolved_rate": last_eval["resolved_rate"]["value"],
+            "resolved_rate_ci": [last_eval["resolved_rate"]["ci_low"], last_eval["resolved_rate"]["ci_high"]],
+        },
+        "learning": "a demo run this short does not learn: the reward is SWE-bench's resolved (0 unless the "
+        "fix is complete), which a randomly initialised policy almost never reaches in six steps",
         "wall_seconds": round(elapsed, 1),
         "trajectories_per_minute": round(60 * len(trajectories) / max(elapsed, 1e-6), 2),
     }

@@ -15,6 +15,7 @@ COMMAND_MODULES = (
     "crucible.cli.db",
     "crucible.cli.demo",
     "crucible.cli.runs",
+    "crucible.cli.evals",
     "crucible.cli.model",
     "services.sandbox.cli",
     "services.catalog.cli",

@@ -57,17 +57,18 @@ def list_runs(
 def show_run(
     run_id: str, api: ApiOption = DEFAULT_API, as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
-    """One run: its config, steps and checkpoints."""
+    """One run: its config, steps, checkpoints and evaluations."""
     run = _get(api, f"/v1/runs/{run_id}")
     steps = _get(api, f"/v1/runs/{run_id}/steps", limit=500)["items"]
     checkpoints = _get(api, f"/v1/runs/{run_id}/checkpoints", limit=500)["items"]
+    evals = _get(api, f"/v1/runs/{run_id}/evals", limit=500)["items"]
     if as_json:
-        print(json.dumps({"run": run, "steps": steps, "checkpoints": checkpoints}, indent=2))
+        print(json.dumps({"run": run, "steps": steps, "checkpoints": checkpoints, "evals": evals}, indent=2))
         return
     console = Console()
     console.print(f"[bold]{run['run_id']}[/bold] {run['name']} — {run['status']}")
     console.print(json.dumps(run["config"]))
-    table = Table("step", "version", "loss", "reward", "staleness", "trajectories")
+    table = Table("step", "version", "loss", "reward", "resolved", "staleness", "trajectories")
     for s in steps:
         m = s["metrics"]
         table.add_row(
@@ -75,11 +76,20 @@ def show_run(
             str(s["version"]),
             f"{m.get('loss', 0):.4f}",
             f"{m.get('reward_mean', 0):.3f}",
+            f"{m.get('resolved_rate', 0):.3f}",
             f"{m.get('staleness_mean', 0):.2f}",
             str(len(s["trajectory_ids"])),
         )
     console.print(table)
     console.print("checkpoints: " + ", ".join(f"v{c['version']} (step {c['step']})" for c in checkpoints))
+    if evals:
+        from crucible.cli.evals import rate
+
+        table = Table("evaluation", "version", "tasks", "status", "pass@1", "pass@k", "resolved rate")
+        for e in evals:
+            table.add_row(e["eval_id"], str(e["version"]), f"{e['taskset']}/{e['split']}", e["status"],
+                          rate(e["pass_at_1"]), rate(e["pass_at_k"]), rate(e["resolved_rate"]))  # fmt: skip
+        console.print(table)
 
 
 def register(app: typer.Typer) -> None:

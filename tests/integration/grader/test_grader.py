@@ -7,6 +7,7 @@ import signal
 import sys
 import uuid
 
+import msgspec
 import pytest
 from cli_runner import settings_env
 from nats.js.api import DeliverPolicy
@@ -139,6 +140,7 @@ async def test_rewards_for_right_wrong_cheating_and_broken_diffs_each_graded_onc
     broken = trajectory(run_id=run_id, task=task, diff=with_wrong_context(secret.reference_patch))
     idle = trajectory(run_id=run_id, task=task, diff="", tool_calls=[tool_call(0, ok=True)])
     tested = trajectory(run_id=run_id, task=task, diff=secret.reference_patch + NEW_TEST_MODULE)
+    evaluated = msgspec.structs.replace(trajectory(run_id=run_id, task=task, diff=secret.reference_patch), eval_id="e1")
     for message in (
         right,
         wrong,
@@ -146,6 +148,7 @@ async def test_rewards_for_right_wrong_cheating_and_broken_diffs_each_graded_onc
         broken,
         idle,
         tested,
+        evaluated,
         right,
     ):  # `right` twice: a redelivery, as far as the grader knows
         await bus.publish(subjects.rollouts(run_id), message)
@@ -154,8 +157,8 @@ async def test_rewards_for_right_wrong_cheating_and_broken_diffs_each_graded_onc
         lambda: queue_drained(bus, run_id), timeout_s=240, what="the grader to take every trajectory"
     )
     graded = {g.trajectory.trajectory_id: g for g in await graded_messages(bus, run_id)}
-    assert len(await graded_messages(bus, run_id)) == 6
-    assert graded.keys() == {t.trajectory_id for t in (right, wrong, cheat, broken, idle, tested)}
+    assert len(await graded_messages(bus, run_id)) == 7
+    assert graded.keys() == {t.trajectory_id for t in (right, wrong, cheat, broken, idle, tested, evaluated)}
 
     good = graded[right.trajectory_id].reward
     assert good.tests_total > 0 and good.tests_passed == good.tests_total, good
@@ -175,6 +178,11 @@ async def test_rewards_for_right_wrong_cheating_and_broken_diffs_each_graded_onc
 
     added = graded[tested.trajectory_id].reward
     assert added.resolved and added.total == 1.0, added.note
+
+    # An evaluation's resolved change also gets its quality measured; the reference fix is lint-neutral.
+    quality = graded[evaluated.trajectory_id].reward.quality
+    assert quality["lint_introduced"] == 0.0 and quality["diff_size_ratio"] == 1.0
+    assert quality["files_outside_reference"] == 0.0 and quality["tests_added"] == 0.0
 
     cheated = graded[cheat.trajectory_id].reward
     assert cheated.total == 0.0 and cheated.tests_total == 0
