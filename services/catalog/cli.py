@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -25,6 +26,20 @@ TasksetOption = Annotated[str, typer.Option("--taskset", help="Name of the task 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 TimeoutOption = Annotated[float, typer.Option("--timeout", help="Limit of one test run, in seconds.")]
 WorkersOption = Annotated[int, typer.Option("--workers", min=1, max=64, help="Candidates verified at once.")]
+
+
+TASKSET = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$")
+
+
+def _check(taskset: str, split: str | None = None) -> None:
+    from crucible.contracts.messages import SPLITS
+
+    if not TASKSET.match(taskset):
+        Console(stderr=True).print(f"[red]task set name {taskset!r}: letters, digits, '-' and '_' only[/red]")
+        raise typer.Exit(2)
+    if split is not None and split not in SPLITS:
+        Console(stderr=True).print(f"[red]unknown split {split!r}: one of {', '.join(SPLITS)}[/red]")
+        raise typer.Exit(2)
 
 
 def _run(work: Callable[..., Awaitable[Any]], as_json: bool) -> None:
@@ -94,6 +109,8 @@ def import_file(
     """Import SWE-bench-format instances; each is verified in the sandbox before it is served."""
     from services.catalog.importing import import_swebench
 
+    _check(taskset, split)
+
     async def work(**stack: Any) -> Any:
         with tempfile.TemporaryDirectory(prefix="crucible-import-") as scratch:
             return await import_swebench(
@@ -117,9 +134,12 @@ def synthesize(
     """Turn a repository whose own tests pass into verified bug-fix tasks (mutations its tests catch)."""
     from services.catalog.synthesize import synthesize_tasks
 
+    taskset = taskset or re.sub(r"[^A-Za-z0-9_-]+", "-", repo_dir.resolve().name).strip("-_") or "synthesized"
+    _check(taskset)
+
     async def work(**stack: Any) -> Any:
         return await synthesize_tasks(
-            repo=repo_dir, taskset=taskset or repo_dir.resolve().name, max_tasks=max_tasks, seed=seed,
+            repo=repo_dir, taskset=taskset, max_tasks=max_tasks, seed=seed,
             workers=workers, timeout_s=timeout, **stack,
         )  # fmt: skip
 

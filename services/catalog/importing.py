@@ -3,7 +3,8 @@
 A candidate's archives go to the object store first (the sandbox starts from them), each candidate is
 verified (`sandboxed.verify_in_sandbox`), and only then are the verified ones indexed, in one
 transaction that also removes the set's older rows: a half-finished import serves nothing new, and a
-rejected candidate is never served. The report names every rejected candidate with its reason.
+rejected candidate is never served. When nothing verifies, the set is left as it was. The report names
+every rejected candidate with its reason.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from crucible.objectstore import ObjectStore
 from services.catalog.publish import HIDDEN, SNAPSHOT, TaskRecord, store_tasks
 from services.catalog.sandboxed import verify_in_sandbox
 from services.catalog.splits import check_split
+from services.catalog.swebench import candidates
 
 
 @dataclass(kw_only=True)
@@ -92,14 +94,16 @@ async def verify_and_store(
     for record, reason in zip(candidates, reasons):
         if reason:
             report.rejected[(labels or {}).get(record.task_id, record.task_id)] = reason
-    await store_tasks(verified, store=store, sessionmaker=sessionmaker, replace=report.taskset, upload=False)
+    if verified:
+        await store_tasks(verified, store=store, sessionmaker=sessionmaker, replace=report.taskset, upload=False)
+    else:
+        report.notes.append(f"nothing verified: task set {report.taskset!r} is left as it was")
     report.verified = len(verified)
     for record in verified:
         report.splits[record.split] = report.splits.get(record.split, 0) + 1
     report.seconds += time.monotonic() - started
     report.seconds_per_task = report.seconds / max(1, report.verified)
     return report
-
 
 
 async def import_swebench(
@@ -116,8 +120,6 @@ async def import_swebench(
     timeout_s: float = 300.0,
 ) -> ImportReport:
     """Import a SWE-bench-format JSONL text (see `services.catalog.swebench`)."""
-    from services.catalog.swebench import candidates
-
     if split is not None:
         check_split(split)
     started = time.monotonic()

@@ -1,8 +1,8 @@
 """Verify a task inside the sandbox service, the way the grader will run it.
 
-For tasks whose code Crucible did not write (imported, synthesized): a session from the snapshot in
-the object store, the hidden tests laid over it, the listed tests run (`run_tests`, results from pytest
-itself); then the reference patch applied and the tests run again. `verify.verdict` decides.
+For tasks whose code Crucible did not write (imported, synthesized): the listed tests run (`run_tests`,
+results from pytest itself) in a session of the snapshot with the hidden tests laid over it, and in one
+where the reference patch was applied first, as the grader applies a diff. `verify.verdict` decides.
 """
 
 from __future__ import annotations
