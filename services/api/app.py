@@ -14,6 +14,7 @@ from crucible.bus import Bus
 from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import check_schema
 from crucible.runtime import Runtime
+from services.api import dashboard
 from services.api.commands import Unavailable
 from services.api.ingest import run_ingest
 from services.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
@@ -46,8 +47,9 @@ def create_app(
     app.add_exception_handler(NotFound, _error(404))
     app.add_exception_handler(InvalidCursor, _error(400))
     app.add_exception_handler(Unavailable, _error(503))
-    for module in (health, runs, trajectories, evals):
+    for module in (health, runs, trajectories, evals, dashboard):
         app.include_router(module.router)
+    app.mount("/static", dashboard.static, name="static")
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

@@ -9,6 +9,7 @@ import json
 import httpx
 import pytest
 import swebench_repos
+from browser import dom
 from cli_runner import crucible
 from test_e2e_run import pages, wait_for
 
@@ -71,3 +72,17 @@ def test_imported_tasks_are_trained_on_and_evaluated(tmp_path):
         assert client.post("/v1/evals", json={"run_id": "run-nope"}).status_code == 404
         assert client.post("/v1/evals", json={"run_id": run_id, "samples": -1}).status_code == 422
         assert client.get("/v1/evals/nope").status_code == 404
+
+        # The dashboard shows the finished run in a real browser: its curves drawn, its evaluations,
+        # and a transcript one click away.
+        page = dom(f"{stack.api_url}/runs/{run_id}")
+        assert 'data-drawn="true"' in page
+        for chart in ("reward", "resolved", "evals", "loss", "staleness", "throughput"):
+            figure = page.split(f'id="chart-{chart}"', 1)[1].split(">", 1)[0]
+            assert 'data-points="' in figure and 'data-points="0"' not in figure, (chart, figure)
+        assert page.count('class="uplot') >= 6 and "pass@1" in page
+        assert page.count("/trajectories/") >= len(training[:20])
+        transcript = dom(f"{stack.api_url}/trajectories/{training[0]['trajectory_id']}")
+        assert 'class="segment agent"' in transcript and 'class="segment environment"' in transcript
+        assert "FAIL_TO_PASS" in transcript and 'id="tool-calls"' in transcript
+        assert "imported" in dom(f"{stack.api_url}/")

@@ -86,6 +86,7 @@ def demo(
             raise typer.Exit(1)
         run_id = response.json()["run_id"]
         console.print(f"run [bold]{run_id}[/bold] created; API at {stack.api_url}")
+        console.print(f"dashboard: {stack.api_url}/runs/{run_id}" + ("" if keep_running else " (--keep-running keeps it up after the run)"))
         progress = _follow(client=client, stack=stack, run_id=run_id, console=console, timeout=timeout)
         summary = _summary(
             client=client, run_id=run_id, api_url=stack.api_url, elapsed=time.monotonic() - started
@@ -180,6 +181,7 @@ def _summary(*, client, run_id: str, api_url: str, elapsed: float) -> dict[str, 
     return {
         "run_id": run_id,
         "api_url": api_url,
+        "dashboard_url": f"{api_url}/runs/{run_id}",
         "status": run["status"],
         "steps": len(steps),
         "trajectories_graded": len(trajectories),

@@ -241,3 +241,15 @@ async def test_a_request_sent_from_another_connection_right_after_serve_returns_
             assert reply == SampleReply(tasks=[])
     finally:
         await client.close()
+
+
+async def test_a_message_parked_twice_is_one_dead_letter(bus):
+    # A consumer killed between parking a message and terminating it parks it again after its restart.
+    subject = subjects.events("r-twice", "junk")
+    await bus.publish(subject, event("junk"))
+    psub = await bus.js.pull_subscribe(subject, durable="test-twice", stream=subjects.EVENTS)
+    [msg] = await psub.fetch(1, timeout=5)
+    before = (await bus.js.stream_info(subjects.DEAD_LETTER)).state.messages
+    for _ in range(2):
+        await bus.dead_letter(msg, stream=subjects.EVENTS, consumer="test-twice", reason="junk")
+    assert (await bus.js.stream_info(subjects.DEAD_LETTER)).state.messages == before + 1

@@ -96,8 +96,10 @@ def test_help_lists_both_commands_and_imports_no_sandbox_code() -> None:
     assert "run" in result.stdout and "tool" in result.stdout
     probe = "import sys, crucible.cli.main; print(sorted(m for m in sys.modules if m.startswith('services')))"
     imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    # The command's own module (it lives with the service), and none of the sandbox's machinery.
-    assert imported.stdout.strip() == "['services', 'services.sandbox', 'services.sandbox.cli']"
+    # The commands' own modules (they live with their services), and none of the services' machinery.
+    assert imported.stdout.strip() == (
+        "['services', 'services.catalog', 'services.catalog.cli', 'services.sandbox', 'services.sandbox.cli']"
+    )
 
 
 @needs_bwrap
