@@ -18,7 +18,7 @@
     const opts = {
       width: 380, height: 200,
       scales: { x: { time: false } },
-      axes: [{ label: xLabel }, {}],
+      axes: [{ label: xLabel }, { values: (u, ticks) => ticks.map((v) => +v.toPrecision(3)) }],
       series: [{ label: xLabel }, ...present.map((l, i) => ({ label: l.label, stroke: colours[i % colours.length], width: 2 }))],
     };
     new uPlot(opts, [xs, ...present.map((l) => l.values)], figure);
