@@ -1,1 +1,2 @@
-"""The catalog service: generated task sets, verified before they are served, sampled over the bus."""
+"""The catalog service: task sets (generated, imported, synthesized), verified before they are served, sampled
+and listed by split over the bus."""

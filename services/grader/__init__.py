@@ -1,1 +1,2 @@
-"""grader: rewards from hidden tests run in a clean sandbox, with anti-cheat checks and shaping."""
+"""grader: SWE-bench-style rewards (FAIL_TO_PASS / PASS_TO_PASS run in a clean sandbox), anti-cheat checks,
+and quality measures of evaluated changes."""

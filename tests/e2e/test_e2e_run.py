@@ -107,9 +107,13 @@ def test_short_run_through_every_service(tmp_path):
             timeout=600, what="the run to finish", stack=stack,
         )
         assert run["status"] == "finished"
-        # Spare groups may still be grading: wait until the work queue is drained.
+        # Spare groups may still be sampling or grading: every admitted group publishes (the budget is
+        # max_steps + 1 steps' worth), so wait until all of them are graded and the work queue is empty.
+        schedule = CONFIG["schedule"]
+        expected = (schedule["max_steps"] + 1) * schedule["groups_per_step"] * schedule["group_size"]
         state = wait_for(
-            lambda: (s := asyncio.run(stream_state(nats_url, run_id)))["rollouts_left"] == 0 and s,
+            lambda: (s := asyncio.run(stream_state(nats_url, run_id)))["rollouts_left"] == 0
+            and s["graded"] >= expected and s,
             timeout=180, what="every trajectory graded", stack=stack,
         )
         wait_for(
@@ -124,8 +128,6 @@ def test_short_run_through_every_service(tmp_path):
 
         # Nothing lost: everything that entered ROLLOUTS was graded; the only dead letter is the junk.
         assert state["dead_letters"] == 1
-        schedule = CONFIG["schedule"]
-        expected = (schedule["max_steps"] + 1) * schedule["groups_per_step"] * schedule["group_size"]
         assert len(trajectories) == state["graded"] == expected
         # Nothing twice: graded exactly once, trained at most once, and every step's ids are real.
         assert all(t["graded_count"] == 1 for t in trajectories)
