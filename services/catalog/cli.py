@@ -44,6 +44,10 @@ def _check(taskset: str, split: str | None = None) -> None:
 
 def _run(work: Callable[..., Awaitable[Any]], as_json: bool) -> None:
     from crucible.bus import BusError
+    from crucible.telemetry import configure_logging
+
+    # Progress goes to stderr (warnings only with --json), so stdout holds the summary alone.
+    configure_logging(service="crucible-tasks", replica="cli", level="WARNING" if as_json else "INFO")
 
     try:
         report = asyncio.run(_with_stack(work))

@@ -1,8 +1,9 @@
 """Bugs planted in real code by AST, of the catalog's bug kinds (families.base.BUG_KINDS).
 
 Each mutation rewrites one expression or statement inside one function and leaves the rest of the file
-byte for byte: the node's source span is replaced by the unparsed mutated node. Only mutations whose
-file still parses are offered.
+byte for byte: the node's source span is replaced by the unparsed mutated node. Listing them is cheap
+(one parse per file); the mutated file is built, and checked to parse, only for the ones tried
+(`Mutation.source`, `Mutation.parses`).
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import ast
 import copy
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 _COMPARE_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                  ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}  # fmt: skip
@@ -28,25 +29,43 @@ class Mutation:
     """The source span as written."""
     after: str
     """What replaces it."""
-    source: str
-    """The whole mutated file."""
+    text: str = field(repr=False)
+    """The original file."""
+    start: int
+    end: int
 
     @property
     def label(self) -> str:
         return f"{self.path}:{self.line}:{self.function}:{self.kind}"
 
+    @property
+    def source(self) -> str:
+        """The whole mutated file."""
+        return self.text[: self.start] + self.after + self.text[self.end :]
 
-def _segment_bounds(text: str, node: ast.AST) -> tuple[int, int]:
-    lines = text.splitlines(keepends=True)
-    offsets = [0]
-    for line in lines:
-        offsets.append(offsets[-1] + len(line))
+    def parses(self) -> bool:
+        try:
+            ast.parse(self.source)
+        except SyntaxError:
+            return False
+        return True
 
-    def at(lineno: int, col: int) -> int:  # col is in UTF-8 bytes
-        line = lines[lineno - 1]
-        return offsets[lineno - 1] + len(line.encode("utf-8")[:col].decode("utf-8", "replace"))
 
-    return at(node.lineno, node.col_offset), at(node.end_lineno, node.end_col_offset)  # type: ignore[arg-type]
+class _Offsets:
+    """Character offsets of (line, UTF-8 column) positions in one file."""
+
+    def __init__(self, text: str) -> None:
+        self.lines = text.splitlines(keepends=True)
+        self.starts = [0]
+        for line in self.lines:
+            self.starts.append(self.starts[-1] + len(line))
+
+    def at(self, lineno: int, col: int) -> int:
+        line = self.lines[lineno - 1]
+        return self.starts[lineno - 1] + len(line.encode("utf-8")[:col].decode("utf-8", "replace"))
+
+    def bounds(self, node: ast.AST) -> tuple[int, int]:
+        return self.at(node.lineno, node.col_offset), self.at(node.end_lineno, node.end_col_offset)  # type: ignore[arg-type]
 
 
 def _variants(node: ast.AST) -> Iterator[tuple[str, ast.AST | None]]:
@@ -96,12 +115,14 @@ def _removable(function: ast.AST, node: ast.AST) -> bool:
 
 
 def mutations(path: str, text: str) -> list[Mutation]:
-    """Every mutation of the module's functions (nested ones and methods included)."""
+    """Every mutation of the module's functions (nested ones and methods included); check `parses()`
+    before using one."""
     try:
         tree = ast.parse(text)
     except SyntaxError:
         return []
     out: list[Mutation] = []
+    offsets = _Offsets(text)
     for function in ast.walk(tree):
         if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
             continue
@@ -111,15 +132,15 @@ def mutations(path: str, text: str) -> list[Mutation]:
                 if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
                     continue
                 for kind, replacement in _variants(node):
-                    mutation = _apply(path, text, function.name, kind, node, replacement, function)
+                    mutation = _apply(path, text, offsets, function.name, kind, node, replacement, function)
                     if mutation is not None:
                         out.append(mutation)
     unique = {(m.line, m.before, m.after): m for m in out}
     return list(unique.values())
 
 
-def _apply(path, text, function_name, kind, node, replacement, function) -> Mutation | None:  # noqa: ANN001
-    start, end = _segment_bounds(text, node)
+def _apply(path, text, offsets, function_name, kind, node, replacement, function) -> Mutation | None:  # noqa: ANN001
+    start, end = offsets.bounds(node)
     before = text[start:end]
     if replacement is None:
         if not _removable(function, node):
@@ -135,12 +156,7 @@ def _apply(path, text, function_name, kind, node, replacement, function) -> Muta
         after = ast.unparse(replacement)
         if "\n" in before and isinstance(node, ast.expr):
             after = f"({after})"
-    source = text[:start] + after + text[end:]
-    if source == text:
-        return None
-    try:
-        ast.parse(source)
-    except SyntaxError:
+    if before == after:
         return None
     return Mutation(path=path, function=function_name, kind=kind, line=node.lineno, before=before, after=after,
-                    source=source)  # fmt: skip
+                    text=text, start=start, end=end)  # fmt: skip

@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import structlog
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crucible.clients.sandbox import SandboxClient, SandboxSession
@@ -34,9 +35,10 @@ from services.catalog.splits import index_split
 
 SCREEN_PER_TASK = 8
 """Mutations screened at most per task asked for (most are not caught, or are caught by nothing)."""
-SCREEN_TIMEOUT_S = 30.0
+SCREEN_TIMEOUT_S = 10.0
 """A screening run past this (a mutation that loops forever) rejects the mutation."""
 KEYWORDS = {"and", "or", "not"}
+log = structlog.get_logger("crucible.catalog")
 
 
 def source_modules(files: dict[str, bytes]) -> dict[str, str]:
@@ -108,6 +110,9 @@ async def _screen(
     prepared: SandboxSession, mutation: Mutation, *, original: str, tests: list[str], timeout_s: float
 ) -> tuple[list[tuple[str, str]], list[str]] | str:
     """(failing tests with their messages, passing tests) on the mutated code, or why it is not kept."""
+    started = time.monotonic()
+    if not mutation.parses():
+        return "the mutated file does not parse"
     patch = unified_patch(before={mutation.path: original}, after={mutation.path: mutation.source})
     [session] = await prepared.fork(1)
     async with session:
@@ -115,6 +120,8 @@ async def _screen(
             return "the mutation does not apply"
         args = split_command([*TEST_COMMAND, "-k", name_filter(mutation.function), *tests])
         run = await session.tool("run_tests", pytest_args=args, timeout_s=timeout_s)
+    log.info("screened", mutation=mutation.label, seconds=round(time.monotonic() - started, 2),
+             tests=len(run.tests or []), timed_out=run.timed_out)  # fmt: skip
     if run.timed_out:
         return f"tests ran past {timeout_s:.0f}s on the mutation"
     if not run.tests:
