@@ -164,9 +164,9 @@ def hidden_files(snapshot: dict[str, bytes], test_patch: str) -> dict[str, bytes
         root = Path(tmp) / "repo"
         write_files(root=root, files=snapshot)
         try:
-            apply_patch(repo=root, patch=test_patch)
+            apply_patch(repo=root, patch=test_patch, what="test_patch")
         except TestRunError as exc:
-            raise Rejected(str(exc).replace("reference patch", "test_patch")) from None
+            raise Rejected(str(exc)) from None
         return {f.path: (root / f.path).read_bytes() for f in touched}
 
 

@@ -107,13 +107,13 @@ def _leaks(text: str, mutation: Mutation) -> bool:
 
 
 async def _screen(
-    prepared: SandboxSession, mutation: Mutation, *, original: str, tests: list[str], timeout_s: float
+    prepared: SandboxSession, mutation: Mutation, *, tests: list[str], timeout_s: float
 ) -> tuple[list[tuple[str, str]], list[str]] | str:
     """(failing tests with their messages, passing tests) on the mutated code, or why it is not kept."""
     started = time.monotonic()
     if not mutation.parses():
         return "the mutated file does not parse"
-    patch = unified_patch(before={mutation.path: original}, after={mutation.path: mutation.source})
+    patch = unified_patch(before={mutation.path: mutation.text}, after={mutation.path: mutation.source})
     [session] = await prepared.fork(1)
     async with session:
         if not (await session.apply_patch(patch)).ok:
@@ -169,7 +169,7 @@ async def synthesize_tasks(
             batch = [m for m in pool[start : start + workers] if (m.path, m.function) not in functions]
             screened += len(batch)
             results = await asyncio.gather(*(
-                _screen(prepared, m, original=sources[m.path], tests=tests, timeout_s=min(timeout_s, SCREEN_TIMEOUT_S))
+                _screen(prepared, m, tests=tests, timeout_s=min(timeout_s, SCREEN_TIMEOUT_S))
                 for m in batch
             ))  # fmt: skip
             for mutation, result in zip(batch, results):
@@ -192,7 +192,7 @@ async def synthesize_tasks(
 
 
 def _record(taskset, package, index, mutation, failing, passing, files) -> TaskRecord:  # noqa: ANN001
-    original = files[mutation.path].decode("utf-8")
+    original = mutation.text
     mutated = {**files, mutation.path: mutation.source.encode("utf-8")}
     f2p = sorted({nodeid for nodeid, _ in failing})
     p2p = sorted(set(passing) - set(f2p))

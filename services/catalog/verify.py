@@ -100,7 +100,7 @@ def run_tests(*, repo: Path, command: Sequence[str], timeout: float) -> dict[str
     return {str(r["nodeid"]): str(r["outcome"]) for r in results}
 
 
-def apply_patch(*, repo: Path, patch: str, timeout: float = 30) -> None:
+def apply_patch(*, repo: Path, patch: str, timeout: float = 30, what: str = "reference patch") -> None:
     """`git apply` the patch in `repo`; the ceiling keeps git from treating a parent folder as the repository."""
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(repo.parent)}
     proc = subprocess.run(
@@ -114,7 +114,7 @@ def apply_patch(*, repo: Path, patch: str, timeout: float = 30) -> None:
         check=False,
     )
     if proc.returncode != 0:
-        raise TestRunError(f"reference patch does not apply: {proc.stderr.strip()}")
+        raise TestRunError(f"{what} does not apply: {proc.stderr.strip()}")
 
 
 def verify_task(task: GeneratedTask, *, timeout: float = 30) -> VerifyResult:

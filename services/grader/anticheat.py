@@ -38,7 +38,8 @@ def _unquote(path: str) -> str:
     return path
 
 
-def _strip_prefix(path: str) -> str | None:
+def diff_path(path: str) -> str | None:
+    """A diff header's path as `git apply` takes it (None for /dev/null)."""
     path = _unquote(path.strip())
     if path == "/dev/null":
         return None
@@ -46,7 +47,10 @@ def _strip_prefix(path: str) -> str | None:
     return posixpath.normpath(parts[-1])
 
 
-def _parse(diff: str) -> PatchSet:
+def parse_diff(diff: str) -> PatchSet | list:
+    """The diff's files ([] for an empty diff); BadDiff if it does not parse."""
+    if not diff.strip():
+        return []
     try:
         patch = PatchSet(diff)
     except UnidiffParseError as exc:
@@ -58,25 +62,21 @@ def _parse(diff: str) -> PatchSet:
 
 def touched_paths(diff: str) -> list[str]:
     """Every path, before and after, that applying `diff` would create, change, move or delete."""
-    if not diff.strip():
-        return []
     paths: set[str] = set()
-    for file in _parse(diff):
+    for file in parse_diff(diff):
         for name in (file.source_file, file.target_file):
-            if name and (path := _strip_prefix(name)) is not None:
+            if name and (path := diff_path(name)) is not None:
                 paths.add(path)
     return sorted(paths)
 
 
 def added_test_modules(diff: str) -> list[str]:
     """The new test modules `diff` creates (allowed; see the module's docstring)."""
-    if not diff.strip():
-        return []
     return sorted(
         path
-        for file in _parse(diff)
+        for file in parse_diff(diff)
         if file.is_added_file
-        and (path := _strip_prefix(file.target_file)) is not None
+        and (path := diff_path(file.target_file)) is not None
         and _is_test_module(path.rsplit("/", 1)[-1])
     )
 

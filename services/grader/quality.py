@@ -13,15 +13,12 @@ never runs it.
 
 from __future__ import annotations
 
-import posixpath
 import re
-
-from unidiff import PatchSet
 
 from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import Trajectory
 from crucible.contracts.packing import unpack
-from services.grader.anticheat import added_test_modules
+from services.grader.anticheat import BadDiff, added_test_modules, diff_path, parse_diff, touched_paths
 
 LINT_COMMAND = ("python", "-m", "ruff", "check", "--no-cache", "--isolated", "--exit-zero", "--statistics",
                 "--select", "E,F,W", "--")  # fmt: skip
@@ -30,24 +27,20 @@ _STATISTIC = re.compile(r"^(\d+)\t", re.MULTILINE)
 _TEST_DEF = re.compile(r"^\s*(?:async\s+)?def test_")
 
 
-def _patch(diff: str) -> PatchSet:
-    """The diff's files; an empty or unreadable diff has none (the grader refused those before)."""
+def _files(diff: str) -> list:
+    """The diff's files; an unreadable diff has none (the grader refused those before measuring)."""
     try:
-        return PatchSet(diff) if diff.strip() else PatchSet("")
-    except Exception:  # noqa: BLE001 - unidiff raises several types
-        return PatchSet("")
-
-
-def _path(name: str) -> str:
-    return posixpath.normpath(name.split("/", 1)[-1])
+        return list(parse_diff(diff))
+    except BadDiff:
+        return []
 
 
 def lint_paths(diff: str) -> tuple[list[str], list[str]]:
     """The Python files the diff touches as they exist before it and after it."""
-    files = list(_patch(diff))
-    before = [_path(f.source_file) for f in files if not f.is_added_file and f.source_file.endswith(".py")]
-    after = [_path(f.target_file) for f in files if not f.is_removed_file and f.target_file.endswith(".py")]
-    return before, after
+    files = _files(diff)
+    before = [diff_path(f.source_file) for f in files if not f.is_added_file and f.source_file.endswith(".py")]
+    after = [diff_path(f.target_file) for f in files if not f.is_removed_file and f.target_file.endswith(".py")]
+    return before, after  # type: ignore[return-value]  # neither side is /dev/null here
 
 
 async def lint_findings(session: SandboxSession, paths: list[str]) -> int | None:
@@ -62,16 +55,15 @@ async def lint_findings(session: SandboxSession, paths: list[str]) -> int | None
 
 def change_measures(*, trajectory: Trajectory, reference_patch: str) -> dict[str, float]:
     """Everything but lint, read from the diffs and the trajectory."""
-    files = list(_patch(trajectory.final_diff))
-    reference = list(_patch(reference_patch))
+    files, reference = _files(trajectory.final_diff), _files(reference_patch)
     new_tests = set(added_test_modules(trajectory.final_diff)) if files else set()
-    touched = {_path(name) for f in files for name in (f.source_file, f.target_file) if name != "/dev/null"}
-    expected = {_path(name) for f in reference for name in (f.source_file, f.target_file) if name != "/dev/null"}
+    touched = set(touched_paths(trajectory.final_diff)) if files else set()
+    expected = set(touched_paths(reference_patch)) if reference else set()
     reference_lines = sum(f.added + f.removed for f in reference)
     tests_added = sum(
         1
         for f in files
-        if _path(f.target_file) in new_tests
+        if diff_path(f.target_file) in new_tests
         for hunk in f
         for line in hunk
         if line.is_added and _TEST_DEF.match(line.value)
