@@ -25,12 +25,12 @@ from dataclasses import dataclass
 import torch
 
 from crucible.agent import grammar, tokenizer
+from crucible.agent.episode import packed_arrays
 from crucible.contracts.messages import GradedTrajectory, Reward, Trajectory
 from crucible.contracts.runconfig import RunConfig
 from crucible.model import PRESETS, Transformer, build_model
 from crucible.rl.advantages import group_advantages
 from services.rollout.engine import PolicyEngine
-from services.rollout.episode import packed_arrays
 from services.trainer.batch import collate
 from services.trainer.step import train_step
 
@@ -132,7 +132,7 @@ def run_arm(*, loss: str, seed: int, steps: int, control: bool, eval_every: int 
                 for t, r in zip(group, rewards)
             ]
         train_step(
-            model=model, optimizer=optimizer, batch=collate(graded, advantages), optim=config.optim,
+            model=model, optimizer=optimizer, batch=collate([g.trajectory for g in graded], advantages), optim=config.optim,
             temperature=temperature,
         )  # fmt: skip
         if step % schedule.publish_every == 0:  # the sampler lags: up to publish_every - 1 steps stale

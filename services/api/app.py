@@ -22,6 +22,7 @@ from services.api.pagination import InvalidCursor
 from services.api.queries import NotFound
 from services.api.routes import evals, health, runs, trajectories
 from services.api.settings import Settings
+from services.api.trackers import Trackers
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
@@ -79,6 +80,10 @@ async def setup(rt: Runtime[Settings]) -> None:
             max_deliver=settings.ingest_max_deliver,
             graded_durable=settings.graded_durable,
             events_durable=settings.events_durable,
+            trackers=Trackers(
+                root=settings.tracking_dir, mlflow_tracking_uri=settings.mlflow_tracking_uri,
+                wandb_mode=settings.wandb_mode,
+            ),  # fmt: skip
         ),
         name="ingest",
     )

@@ -21,6 +21,7 @@ from crucible.contracts.events import Event
 from crucible.contracts.messages import GradedTrajectory, Message
 from services.api.metrics import INGESTED
 from services.api.records import apply_event, record_graded
+from services.api.trackers import Trackers
 
 log = structlog.get_logger("crucible.api")
 UNREACHABLE = (OperationalError, InterfaceError, OSError)
@@ -55,13 +56,16 @@ async def run_ingest(
     graded_durable: str = subjects.API_GRADED_DURABLE,
     events_durable: str = subjects.API_EVENTS_DURABLE,
     deliver_new: bool = False,
+    trackers: Trackers | None = None,
 ) -> None:
-    """Consume GRADED and EVENTS until `stop` is set."""
+    """Consume GRADED and EVENTS until `stop` is set; what is stored also goes to `trackers`."""
 
     async def on_graded(graded: GradedTrajectory, delivery: Delivery) -> None:
         async def work() -> None:
             async with sessionmaker() as session:
                 await record_graded(session=session, graded=graded)
+                if trackers is not None:
+                    await trackers.observe_graded(session, graded)
 
         await _until_stored(work, delivery, stop)
         INGESTED.labels(subjects.GRADED).inc()
@@ -70,6 +74,8 @@ async def run_ingest(
         async def work() -> None:
             async with sessionmaker() as session:
                 await apply_event(session=session, event=event)
+                if trackers is not None:
+                    await trackers.observe_event(session, event)
 
         await _until_stored(work, delivery, stop)
         INGESTED.labels(subjects.EVENTS).inc()
@@ -93,7 +99,11 @@ async def run_ingest(
                 log.error("consumer failed; re-attaching", stream=stream, durable=durable, error=repr(exc))
                 await asyncio.sleep(1.0)
 
-    await asyncio.gather(
-        consume(subjects.GRADED, graded_durable, on_graded, GradedTrajectory),
-        consume(subjects.EVENTS, events_durable, on_event, Event),
-    )
+    try:
+        await asyncio.gather(
+            consume(subjects.GRADED, graded_durable, on_graded, GradedTrajectory),
+            consume(subjects.EVENTS, events_durable, on_event, Event),
+        )
+    finally:
+        if trackers is not None:
+            trackers.close()

@@ -32,6 +32,11 @@ class RunOut(BaseModel):
     status: str
     config: dict[str, Any]
     error: str | None
+    warm_start: dict[str, Any] | None = Field(
+        default=None,
+        description="The supervised warm start, once trained: demonstrations, skipped (by reason), steps, "
+        "tokens, losses (every loss_every-th step), seconds.",
+    )
     created_at: datetime
     updated_at: datetime
     finished_at: datetime | None

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Literal
+
 from pydantic import Field
 
 from crucible.contracts import subjects
@@ -19,3 +22,10 @@ class Settings(CommonSettings):
     """Durable consumer on GRADED; api replicas of one deployment share it."""
     events_durable: str = Field(default=subjects.API_EVENTS_DURABLE, pattern=r"^[A-Za-z0-9_-]+$")
     """Durable consumer on EVENTS; api replicas of one deployment share it."""
+    tracking_dir: Path = Path(".crucible/tracking")
+    """Where the trackers a run asks for (`trackers` in its config) write: TensorBoard event files, the
+    default MLflow file store, Weights & Biases offline runs."""
+    mlflow_tracking_uri: str | None = None
+    """An MLflow tracking server (or any MLflow URI) instead of the file store under tracking_dir."""
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    """Weights & Biases mode; online needs WANDB_API_KEY and network access."""

@@ -48,6 +48,8 @@ return 0
 
 def group_budget(config: RunConfig) -> int:
     """Groups a run needs, plus one step's worth of spare for groups lost to failures (before refills)."""
+    if config.schedule.max_steps == 0:  # a warm start alone samples nothing
+        return 0
     return (config.schedule.max_steps + 1) * config.schedule.groups_per_step
 
 

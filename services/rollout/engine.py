@@ -9,55 +9,15 @@ systems do; the per-token versions let the trainer see and bound exactly that st
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 
 import torch
 
 from crucible.agent import grammar, tokenizer
+from crucible.agent.episode import EpisodeState
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.contracts.runconfig import RunConfig
-from crucible.model import PRESETS, KVCache, Transformer, build_model
+from crucible.model import PRESETS, Transformer, build_model
 from crucible.model.sources import load_tokenizer, model_config
-
-
-@dataclass
-class EpisodeState:
-    """The growing token sequence of one episode, with everything the trainer needs per token."""
-
-    cache: KVCache
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    versions: list[int] = field(default_factory=list)
-    loss_mask: list[int] = field(default_factory=list)
-    constraints: list[int] = field(default_factory=list)
-    routes: list[list[list[int]]] = field(default_factory=list)  # per fed token: [layers][top_k]
-    fed: int = 0  # tokens already run through the model
-    greedy: bool = False
-    """Take the most likely allowed token instead of sampling (an evaluation's pass@1 episode)."""
-
-    def pick(self, logp: torch.Tensor, generator: torch.Generator) -> int:
-        if self.greedy:
-            return int(torch.argmax(logp))
-        return int(torch.multinomial(logp.exp(), 1, generator=generator))
-
-    def append_env(self, tokens: list[int], version: int) -> None:
-        for token in tokens:
-            self.tokens.append(token)
-            self.logprobs.append(0.0)
-            self.versions.append(version)
-            self.loss_mask.append(0)
-            self.constraints.append(grammar.FREE)
-
-    def append_sampled(self, token: int, logprob: float, version: int, constraint: int) -> None:
-        """A token the policy sampled, with the logprob of the distribution it was drawn from."""
-        self.tokens.append(token)
-        self.logprobs.append(logprob)
-        self.versions.append(version)
-        self.loss_mask.append(1)
-        self.constraints.append(constraint)
-
-    def __len__(self) -> int:
-        return len(self.tokens)
 
 
 class PolicyEngine:

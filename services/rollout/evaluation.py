@@ -14,6 +14,7 @@ import asyncio
 
 import msgspec
 
+from crucible.agent.episode import run_episode
 from crucible.bus import Delivery
 from crucible.clients.checkpoints import load_weights
 from crucible.clients.sandbox import SandboxClient
@@ -23,7 +24,6 @@ from crucible.contracts.keys import trajectory_claim_prefix
 from crucible.contracts.messages import EvalRequest, ListRequest, RunCreated, SampleReply, TaskSpec
 from crucible.runtime import Runtime
 from services.rollout.engine import PolicyEngine
-from services.rollout.episode import run_episode
 from services.rollout.settings import Settings
 
 SANDBOX_TTL_S = 600.0

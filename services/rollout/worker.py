@@ -8,6 +8,7 @@ import asyncio
 import time
 import uuid
 
+from crucible.agent.episode import run_episode
 from crucible.bus import Bus
 from crucible.clients.checkpoints import load_weights
 from crucible.clients.sandbox import SandboxClient, SandboxSession
@@ -19,7 +20,6 @@ from crucible.contracts.runconfig import RunConfig
 from crucible.runtime import Runtime
 from services.rollout.admission import budget_spent, release, try_admit
 from services.rollout.engine import PolicyEngine
-from services.rollout.episode import run_episode
 from services.rollout.metrics import EPISODES, TOKENS, VERSION
 from services.rollout.settings import Settings
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from crucible.contracts import ContractError
-from crucible.contracts.messages import GradedTrajectory, Trajectory
+from crucible.contracts.messages import Trajectory
 from crucible.contracts.packing import unpack
 
 
@@ -43,12 +43,13 @@ def validate(trajectory: Trajectory) -> None:
             )
 
 
-def collate(graded: list[GradedTrajectory], advantages: list[float]) -> Batch:
-    if len(graded) != len(advantages) or not graded:
+def collate(trajectories: list[Trajectory], advantages: list[float]) -> Batch:
+    """Pad the trajectories into one batch; `advantages` has one value per trajectory (zeros for the
+    warm start, whose loss ignores them)."""
+    if len(trajectories) != len(advantages) or not trajectories:
         raise ValueError("need one advantage per trajectory and at least one trajectory")
     columns = []
-    for g in graded:
-        t = g.trajectory
+    for t in trajectories:
         tokens = unpack("u32", t.tokens)
         arrays = [
             tokens,
@@ -60,7 +61,7 @@ def collate(graded: list[GradedTrajectory], advantages: list[float]) -> Batch:
         if any(len(a) != len(tokens) for a in arrays):
             raise ValueError(f"trajectory {t.trajectory_id}: per-token arrays differ in length")
         columns.append(arrays)
-    B, T = len(graded), max(len(c[0]) for c in columns)
+    B, T = len(trajectories), max(len(c[0]) for c in columns)
 
     def pad(index: int, dtype: torch.dtype) -> torch.Tensor:
         out = torch.zeros(B, T, dtype=dtype)
@@ -69,15 +70,15 @@ def collate(graded: list[GradedTrajectory], advantages: list[float]) -> Batch:
         return out
 
     routes = None
-    shapes = [g.trajectory.routes_shape for g in graded]
+    shapes = [t.routes_shape for t in trajectories]
     if all(shapes):
         L, k = shapes[0][1], shapes[0][2]
         # Padding positions get distinct experts 0..k-1: a valid route whose output is masked out anyway
         # and which valid_BT keeps out of the routers' load.
         routes = torch.arange(k, dtype=torch.long).expand(B, T, L, k).clone()
-        for b, g in enumerate(graded):
+        for b, t in enumerate(trajectories):
             n = shapes[b][0]
-            values = torch.tensor(unpack("u8", g.trajectory.routes), dtype=torch.long)
+            values = torch.tensor(unpack("u8", t.routes), dtype=torch.long)
             routes[b, :n] = values.view(n, L, k)
     adv = torch.tensor(advantages, dtype=torch.float32)[:, None].expand(B, T).contiguous()
     # Every real token was routed in the rollout and counts in the routers' load; padding does not.

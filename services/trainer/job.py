@@ -20,9 +20,9 @@ import torch
 
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.bus import Delivery
-from crucible.clients.checkpoints import publish_weights
+from crucible.clients.checkpoints import load_weights, publish_weights
 from crucible.contracts import ContractError, subjects
-from crucible.contracts.events import EvalReport, Event, EventPayload, RunStatus, StepReport
+from crucible.contracts.events import EvalReport, Event, EventPayload, RunStatus, StepReport, WarmStartReport
 from crucible.contracts.keys import DAY_S, finished_key, refills_key, trainer_state_key
 from crucible.contracts.messages import (
     EvalRequest,
@@ -41,9 +41,15 @@ from crucible.runtime import Runtime
 from services.trainer.batch import collate, validate
 from services.trainer.metrics import STEP_SECONDS, STEPS, TRAJECTORIES, VERSION
 from services.trainer.settings import Settings
-from services.trainer.step import train_step
+from services.trainer.sft import batches, render
+from services.trainer.step import sft_step, train_step
 
 PUBLISH_ATTEMPTS = 5
+MAX_REPORTED_LOSSES = 200
+
+
+class RunStartError(RuntimeError):
+    """The run cannot start: its initial weights or its warm start's demonstrations are missing."""
 
 
 @dataclass
@@ -60,14 +66,14 @@ class RunJob:
         self.config = created.config
         self.model = self._build_model()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.optim.learning_rate, weight_decay=0.0)
-        # The frozen starting policy for the KL term: the same seeded initialisation, whatever step we resume at.
+        # The frozen starting policy for the KL term: the run's version 0, loaded once it is published.
         self.reference = self._build_model().requires_grad_(False).eval() if self.config.optim.kl_coef > 0 else None
         self.dropped_groups = 0  # uniform-reward groups dropped since the last step
-        tokenizer = load_tokenizer(self.config.model.source)
+        self.tokenizer = load_tokenizer(self.config.model.source)
         self.tool_calls = (  # the rollouts' action grammar, replayed over the sampled tokens
             None
-            if tokenizer is None
-            else ToolCallGrammar.for_agent(tokenizer, vocab_size=self.model.cfg.vocab_size, agent=self.config.agent)
+            if self.tokenizer is None
+            else ToolCallGrammar.for_agent(self.tokenizer, vocab_size=self.model.cfg.vocab_size, agent=self.config.agent)
         )
         self.step = 0
         self.version = -1
@@ -95,6 +101,58 @@ class RunJob:
         if state.get("last_step"):
             self.last_step = msgspec.convert(state["last_step"], StepReport)
         self.rt.log.info("resumed run", run_id=self.run_id, step=self.step, version=self.version)
+
+    async def _start(self) -> None:
+        """A new run's version 0: the source's weights (or `model.init`'s), then the warm start if any."""
+        init = self.config.model.init
+        if init:
+            run_id, _, version = init.partition("@")
+            try:
+                _, state = await load_weights(bus=self.rt.bus, store=self.rt.store, run_id=run_id, version=int(version))
+                self.model.load_state_dict(state, strict=True)
+            except Exception as exc:
+                raise RunStartError(f"model.init {init}: cannot start from it: {exc}") from exc
+            self.rt.log.info("starting from another run's weights", run_id=self.run_id, init=init)
+        if self.config.sft.steps:
+            await self._warm_start()
+
+    async def _warm_start(self) -> None:
+        started = time.perf_counter()
+        sft = self.config.sft
+        demos = await render(
+            self.rt, run_id=self.run_id, config=self.config, tokenizer=self.tokenizer, tool_calls=self.tool_calls,
+            max_context=min(self.settings.max_context, self.model.cfg.max_seq_len),
+        )  # fmt: skip
+        if not demos.trajectories:
+            raise RunStartError(f"sft: no demonstration could be played (left out: {dict(demos.skipped) or 'none found'})")
+        self.rt.log.info(
+            "warm start", run_id=self.run_id, demonstrations=len(demos.trajectories), skipped=dict(demos.skipped)
+        )
+        optimizer = torch.optim.AdamW(self.model.parameters(), lr=sft.learning_rate, weight_decay=0.0)
+        losses, tokens = [], 0
+        for batch in batches(demos.trajectories, steps=sft.steps, batch_size=sft.batch_size, seed=self.config.seed):
+            metrics = await asyncio.to_thread(
+                sft_step, model=self.model, optimizer=optimizer, batch=collate(batch, [0.0] * len(batch)),
+                temperature=self.config.agent.temperature, max_grad_norm=self.config.optim.max_grad_norm,
+                tool_calls=self.tool_calls,
+            )  # fmt: skip
+            losses.append(metrics["loss"])
+            tokens += int(metrics["tokens"])
+        every = -(-len(losses) // MAX_REPORTED_LOSSES)
+        report = WarmStartReport(
+            demonstrations=len(demos.trajectories), skipped=dict(demos.skipped), steps=len(losses), tokens=tokens,
+            losses=losses[::every], loss_every=every, seconds=time.perf_counter() - started,
+        )  # fmt: skip
+        await self._event(report)
+        self.rt.log.info(
+            "warm start trained", run_id=self.run_id, steps=len(losses), loss_first=losses[0], loss_last=losses[-1]
+        )
+
+    async def _load_reference(self) -> None:
+        """The KL term's reference: version 0 as published (the start RL departs from)."""
+        if self.reference is not None:
+            _, state = await load_weights(bus=self.rt.bus, store=self.rt.store, run_id=self.run_id, version=0)
+            self.reference.load_state_dict(state, strict=True)
 
     async def _save_state(self) -> None:
         buffer = io.BytesIO()
@@ -178,9 +236,16 @@ class RunJob:
         try:
             await self._resume()
             if self.version < 0:
+                await self._event(RunStatus(status="running"))
+                try:
+                    await self._start()
+                except RunStartError as exc:
+                    await self._fail(run_delivery, str(exc))
+                    return
                 self.version = 0
                 await self._save_state()
             await self._publish()  # v0, or a version saved but perhaps never announced before a crash
+            await self._load_reference()
             await self._event(RunStatus(status="running"))
             if self.last_step:  # saved with the state; its event may have been lost in a crash
                 await self._event(self.last_step)
@@ -266,6 +331,19 @@ class RunJob:
         except Exception as exc:  # already gone, or the server is busy: it only costs a little memory
             self.rt.log.warning("could not delete the run's consumer", durable=durable, error=repr(exc))
 
+    async def _fail(self, run_delivery: Delivery, error: str) -> None:
+        """End a run that cannot start: said over the run's events (REST shows it), never retried."""
+        self.rt.log.error("run failed", run_id=self.run_id, error=error)
+        finished = RunFinished(
+            run_id=self.run_id, status="failed", step=self.step, version=self.version, finished_at=time.time(),
+            error=error,
+        )
+        await self.rt.bus.publish(subjects.run_finished(self.run_id), finished, msg_id=f"{self.run_id}/finished")
+        await self.rt.redis.set(finished_key(self.run_id), "1", ex=7 * 86400)
+        await self._event(RunStatus(status="failed", error=error))
+        self.stop_consuming.set()
+        await run_delivery.ack()
+
     async def _hand_back(self, run_delivery: Delivery) -> None:
         for group in self.groups.values():
             for _, delivery in group.members.values():
@@ -311,7 +389,7 @@ class RunJob:
             train_step,
             model=self.model,
             optimizer=self.optimizer,
-            batch=collate(graded, advantages),
+            batch=collate([g.trajectory for g in graded], advantages),
             optim=self.config.optim,
             temperature=self.config.agent.temperature,
             reference=self.reference,

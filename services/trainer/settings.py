@@ -10,6 +10,13 @@ class Settings(CommonSettings):
     ack_wait_s: float = Field(default=60.0, gt=0)
     """A run or graded message held by a trainer that stopped extending it goes back to the stream
     after this long (so another trainer, or this one restarted, picks it up)."""
+    max_context: int = Field(default=2048, ge=256)
+    """Tokens per demonstration episode (the rollouts' `max_context`: a demonstration longer than the
+    policy's episodes would be is left out)."""
+    tool_timeout_s: float = Field(default=10.0, gt=0)
+    """Deadline for one tool call of a demonstration."""
+    demo_concurrency: int = Field(default=2, ge=1, le=64)
+    """Demonstrations played in sandboxes at once."""
     heartbeat_s: float = Field(default=20.0, gt=0)
     """How often held messages get their ack deadline extended; shorter than ack_wait_s."""
 

@@ -1,4 +1,5 @@
-"""One optimizer step of the run's policy loss (crucible.rl.losses) on a batch of graded groups."""
+"""One optimizer step: of the run's policy loss (crucible.rl.losses) on a batch of graded groups, or of
+the warm start's negative log-likelihood on demonstrations; both through the same logprobs."""
 
 from __future__ import annotations
 
@@ -88,8 +89,33 @@ def train_step(
         ref_logprobs_BT=ref_logprobs,
         entropy_BT=entropy,
     )
-    stats.loss.backward()
-    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), optim.max_grad_norm)
+    return {**_apply(model, optimizer, stats.loss, optim.max_grad_norm), **stats.metrics}
+
+
+def sft_step(
+    *,
+    model: Transformer,
+    optimizer: torch.optim.Optimizer,
+    batch: Batch,
+    temperature: float,
+    max_grad_norm: float,
+    tool_calls: ToolCallGrammar | None = None,
+) -> dict[str, float]:
+    """Negative log-likelihood of the demonstrations' policy tokens (mean per token) under the
+    distribution the policy samples from: the same temperature and constraints as `token_logprobs`."""
+    model.train()
+    optimizer.zero_grad(set_to_none=True)
+    allowed = None if tool_calls is None else replayed_masks(batch, tool_calls)
+    logprobs, _ = token_logprobs(model, batch, temperature=temperature, allowed=allowed)
+    tokens = batch.mask_BT.sum()
+    loss = -(logprobs * batch.mask_BT).sum() / tokens.clamp(min=1)
+    return {**_apply(model, optimizer, loss, max_grad_norm), "tokens": float(tokens)}
+
+
+def _apply(model: Transformer, optimizer: torch.optim.Optimizer, loss: torch.Tensor, max_grad_norm: float) -> dict[str, float]:
+    """Backward, clip, step, then the router bias update (loss-free load balancing, from this step's load)."""
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
-    model.update_router_biases()  # loss-free load balancing, from the load this step routed
-    return {"loss": float(stats.loss.detach()), "grad_norm": float(grad_norm), **stats.metrics}
+    model.update_router_biases()
+    return {"loss": float(loss.detach()), "grad_norm": float(grad_norm)}

@@ -16,6 +16,7 @@ COMMAND_MODULES = (
     "crucible.cli.demo",
     "crucible.cli.runs",
     "crucible.cli.evals",
+    "crucible.cli.sft",
     "crucible.cli.model",
     "services.sandbox.cli",
     "services.catalog.cli",

@@ -44,6 +44,20 @@ class StepReport(EventData, tag="step"):
     metrics: dict[str, float] = msgspec.field(default_factory=dict)
 
 
+class WarmStartReport(EventData, tag="sft"):
+    """A run's supervised warm start, once it has trained (run config `sft`): how many demonstrations it
+    rendered and left out (by reason), and its loss, every `loss_every`-th step."""
+
+    demonstrations: int
+    skipped: dict[str, int] = msgspec.field(default_factory=dict)
+    steps: int = 0
+    tokens: int = 0
+    """Policy tokens trained on, all steps together."""
+    losses: list[float] = msgspec.field(default_factory=list)
+    loss_every: int = 1
+    seconds: float = 0.0
+
+
 class CheckpointPublished(EventData, tag="checkpoint"):
     version: int
     step: int
@@ -76,7 +90,7 @@ class EvalReport(EventData, tag="eval"):
     error: str = ""
 
 
-EventPayload = RunStatus | StepReport | CheckpointPublished | RolloutReport | EvalReport
+EventPayload = RunStatus | StepReport | CheckpointPublished | RolloutReport | EvalReport | WarmStartReport
 
 
 class Event(Message, tag="event.v2"):

@@ -41,6 +41,9 @@ class ModelSection(Section):
     rollouts' machines (the model's own tokenizer, chat template and tool-call format)."""
     precision: Literal["bf16", "mxfp8"] = "bf16"
     """Training and inference precision of the linear layers."""
+    init: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}@[0-9]{1,9}$")
+    """RUN@VERSION: start from that run's published weights instead of `source`'s (same architecture),
+    e.g. the warm start of an SFT-only run (`crucible sft`)."""
 
     @field_validator("source")
     @classmethod
@@ -125,8 +128,8 @@ class OptimSection(Section):
 
 
 class ScheduleSection(Section):
-    max_steps: int = Field(default=6, ge=1)
-    """Optimizer steps of the run."""
+    max_steps: int = Field(default=6, ge=0)
+    """RL optimizer steps of the run (0: only the `sft` warm start)."""
     group_size: int = Field(default=4, ge=1, le=1024)
     """Episodes per task; advantages are relative to the group."""
     groups_per_step: int = Field(default=2, ge=1, le=1024)
@@ -160,6 +163,26 @@ class RewardSection(Section):
     only for a change, never for exploring without one."""
 
 
+class SftSection(Section):
+    """Supervised warm start before RL (crucible.agent.demonstrations): the reference solutions of the
+    task set's train split, and any imported conversations, played as episodes in the run's agent format
+    and trained with the RL loss's model and precision, on the policy's tokens only. The result is the
+    run's version 0, from which RL starts; a run with `schedule.max_steps = 0` is SFT alone."""
+
+    steps: int = Field(default=0, ge=0, le=100_000)
+    """Optimizer steps of the warm start; 0: none."""
+    tasks: int = Field(default=64, ge=0, le=10_000)
+    """Train-split tasks (in task id order, of `tasks.difficulties`) whose reference patches become
+    demonstrations."""
+    imported: str | None = Field(default=None, min_length=1, max_length=500, pattern=r"^[A-Za-z0-9_./-]+$")
+    """Object-store key of a JSONL file of chat conversations with tool calls (`crucible sft --demos`
+    uploads one)."""
+    batch_size: int = Field(default=8, ge=1, le=1024)
+    """Demonstrations per optimizer step (drawn in a seeded order, epoch after epoch)."""
+    learning_rate: float = Field(default=1e-3, gt=0, le=1)
+    """AdamW learning rate of the warm start."""
+
+
 class EvalSection(Section):
     """Held-out evaluation during the run (also on demand: POST /v1/evals, `crucible eval`)."""
 
@@ -189,6 +212,18 @@ class RunConfig(Section):
     schedule: ScheduleSection = Field(default_factory=ScheduleSection)
     reward: RewardSection = Field(default_factory=RewardSection)
     eval: EvalSection = Field(default_factory=EvalSection)
+    sft: SftSection = Field(default_factory=SftSection)
+    trackers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=list, max_length=3)
+    """Experiment trackers that also receive the run's step metrics and evaluations (services.api.trackers):
+    TensorBoard event files, an MLflow run, a Weights & Biases run (offline unless configured)."""
+
+    @model_validator(mode="after")
+    def _something_to_train(self) -> RunConfig:
+        if self.schedule.max_steps == 0 and self.sft.steps == 0:
+            raise ValueError("schedule.max_steps = 0 trains nothing unless sft.steps > 0")
+        if self.sft.steps and not (self.sft.tasks or self.sft.imported):
+            raise ValueError("sft.steps > 0 needs demonstrations: sft.tasks > 0 or sft.imported")
+        return self
 
     @model_validator(mode="before")
     @classmethod

@@ -85,6 +85,8 @@ class Run(Base):
     status: Mapped[str] = mapped_column(String(16), default="created")
     config: Mapped[dict[str, Any]]
     error: Mapped[str | None] = mapped_column(Text)
+    warm_start: Mapped[dict[str, Any] | None]
+    """The trainer's `sft` event (crucible.contracts.events.WarmStartReport), once the warm start trained."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     finished_at: Mapped[datetime | None]

@@ -165,6 +165,7 @@ class LocalStack:
             env = {**base_env, "CRUCIBLE_HTTP_PORT": str(http_port)}
             if name == "api":
                 env["CRUCIBLE_API_PORT"] = str(api_port)
+                env.setdefault("CRUCIBLE_TRACKING_DIR", str(self.state_dir / "tracking"))
             env.update(self._service_env.get(name, {}))
             workdir = self.state_dir / "services" / name
             workdir.mkdir(parents=True, exist_ok=True)

@@ -1,11 +1,12 @@
 """Run events into the run history: `run.status`, `step` (with the trajectories it trained on),
-`checkpoint` and `eval`. Each is idempotent: a step or checkpoint is written once per key, a finished or
+`checkpoint`, `eval` and `sft` (the warm start, on the run). Each is idempotent: a step or checkpoint is written once per key, a finished or
 failed run does not reopen, and an evaluation's status only moves forward."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.contracts.events import (
@@ -15,6 +16,7 @@ from crucible.contracts.events import (
     Event,
     RunStatus,
     StepReport,
+    WarmStartReport,
 )
 from crucible.contracts.messages import EvalRequest
 from crucible.db.models import Checkpoint, Evaluation, Run, Step, StepTrajectory, utcnow
@@ -23,9 +25,9 @@ from services.api.records.common import known_run, log, when
 
 
 async def apply_event(*, session: AsyncSession, event: Event) -> None:
-    """Apply one run event: `run.status`, `step`, `checkpoint` or `eval`; other kinds are not stored."""
+    """Apply one run event: `run.status`, `step`, `checkpoint`, `eval` or `sft`; other kinds are not stored."""
     data = event.data
-    if not isinstance(data, RunStatus | StepReport | CheckpointPublished | EvalReport):
+    if not isinstance(data, RunStatus | StepReport | CheckpointPublished | EvalReport | WarmStartReport):
         return
     run = await known_run(session, event.run_id, f"{event.kind} event")
     if run is None:
@@ -36,6 +38,8 @@ async def apply_event(*, session: AsyncSession, event: Event) -> None:
         await _record_step(session, event, data)
     elif isinstance(data, EvalReport):
         await _record_eval(session, data)
+    elif isinstance(data, WarmStartReport):
+        run.warm_start = msgspec.to_builtins(data)
     else:
         await insert_or_ignore(
             session,

@@ -7,11 +7,12 @@ from __future__ import annotations
 import torch
 
 from crucible.agent import grammar, tokenizer
+from crucible.agent.episode import EpisodeState
 from crucible.contracts.messages import GradedTrajectory, Reward, Trajectory
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
 from crucible.model import PRESETS, ModelOutput, build_model
-from services.rollout.engine import EpisodeState, PolicyEngine
+from services.rollout.engine import PolicyEngine
 from services.trainer.batch import collate
 from services.trainer.step import token_logprobs
 
@@ -119,7 +120,7 @@ def test_the_trainers_loss_has_no_gradient_at_the_positions_after_submit():
     )
     reward = Reward(total=1.0, tests_passed=1, tests_total=1)
     graded = GradedTrajectory(trajectory=trajectory, reward=reward, graded_at=0.0)
-    batch = collate([graded], [1.0])
+    batch = collate([graded.trajectory], [1.0])
 
     logits = []
 

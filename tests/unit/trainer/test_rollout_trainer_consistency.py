@@ -50,7 +50,7 @@ def test_trainer_logprobs_equal_behaviour_logprobs_on_policy(temperature):
     model = build_model(PRESETS[config.model.source], precision=config.model.precision, seed=config.seed)
     engine.swap({k: v.clone() for k, v in model.state_dict().items()}, 0)
     graded = sample_group(engine, n=3, version=0)
-    batch = collate(graded, [1.0, 0.0, -1.0])
+    batch = collate([g.trajectory for g in graded], [1.0, 0.0, -1.0])
     assert int(batch.mask_BT.sum()) > 6
     with torch.no_grad():
         recomputed = token_logprobs(model.eval(), batch, temperature=temperature)[0]
@@ -69,7 +69,7 @@ def test_a_step_moves_the_policy_towards_the_advantaged_trajectory():
     model = build_model(cfg, precision="bf16", seed=0)
     engine.swap({k: v.clone() for k, v in model.state_dict().items()}, 0)
     graded = sample_group(engine, n=2, version=0)
-    batch = collate(graded, [1.0, -1.0])
+    batch = collate([g.trajectory for g in graded], [1.0, -1.0])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     with torch.no_grad():
         before = (token_logprobs(model, batch, temperature=1.0)[0] * batch.mask_BT).sum(dim=1)

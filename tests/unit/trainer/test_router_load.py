@@ -58,7 +58,7 @@ def _trajectories(model, *, replay: bool) -> tuple[list[torch.Tensor], list[torc
 def test_collate_marks_every_real_token_valid_and_padding_not():
     model = build_model(PRESETS["tiny"], precision="fp32", seed=0)
     _, _, graded = _trajectories(model, replay=True)
-    batch = collate(graded, [1.0, -1.0])
+    batch = collate([g.trajectory for g in graded], [1.0, -1.0])
     assert batch.valid_BT.shape == batch.tokens_BT.shape
     assert batch.valid_BT.sum(dim=1).tolist() == [float(n) for n in LENGTHS]
     assert batch.valid_BT[0, : LENGTHS[0]].eq(1).all() and batch.valid_BT[0, LENGTHS[0] :].eq(0).all()
@@ -72,7 +72,7 @@ def test_padded_batch_counts_exactly_the_real_positions_per_expert(replay):
     model = build_model(PRESETS["tiny"], precision="fp32", seed=0)
     assert model.moe_layers, "the tiny preset must have MoE layers for this test"
     sequences, routes, graded = _trajectories(model, replay=replay)
-    batch = collate(graded, [1.0, -1.0])
+    batch = collate([g.trajectory for g in graded], [1.0, -1.0])
     assert (batch.routes_BTLk is not None) == replay
     model.train()
 
@@ -102,7 +102,7 @@ def test_padded_batch_counts_exactly_the_real_positions_per_expert(replay):
 def test_bias_step_after_a_padded_batch_equals_the_one_by_one_step():
     model = build_model(PRESETS["tiny"], precision="fp32", seed=0)
     sequences, routes, graded = _trajectories(model, replay=True)
-    batch = collate(graded, [1.0, -1.0])
+    batch = collate([g.trajectory for g in graded], [1.0, -1.0])
     reference = build_model(PRESETS["tiny"], precision="fp32", seed=0).train()
     model.train()
     with torch.no_grad():

@@ -1,4 +1,8 @@
-"""The agent loop: one episode of the policy working on a task inside a sandbox."""
+"""The agent loop: one episode of an actor working on a task inside a sandbox, in the agent's token format.
+
+The actor is the rollout's policy engine (services.rollout.engine) or a teacher that plays a known
+solution (crucible.agent.demonstrations); both fill the same EpisodeState, so a demonstration has
+exactly the layout of the policy's own episodes."""
 
 from __future__ import annotations
 
@@ -6,17 +10,82 @@ import asyncio
 import json
 import time
 import uuid
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 
-from crucible.agent import tokenizer
-from crucible.agent.toolcalls import after_action, render_prompt
+from crucible.agent import grammar, tokenizer
+from crucible.agent.toolcalls import ToolCallGrammar, after_action, render_prompt
 from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import TaskSpec, ToolCall, Trajectory
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
-from services.rollout.engine import EpisodeState, PolicyEngine
+from crucible.model import KVCache
+
+
+@dataclass
+class EpisodeState:
+    """The growing token sequence of one episode, with everything the trainer needs per token."""
+
+    cache: KVCache | None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    versions: list[int] = field(default_factory=list)
+    loss_mask: list[int] = field(default_factory=list)
+    constraints: list[int] = field(default_factory=list)
+    routes: list[list[list[int]]] = field(default_factory=list)  # per fed token: [layers][top_k]
+    fed: int = 0  # tokens already run through the model
+    greedy: bool = False
+    """Take the most likely allowed token instead of sampling (an evaluation's pass@1 episode)."""
+
+    def pick(self, logp: torch.Tensor, generator: torch.Generator) -> int:
+        if self.greedy:
+            return int(torch.argmax(logp))
+        return int(torch.multinomial(logp.exp(), 1, generator=generator))
+
+    def append_env(self, tokens: list[int], version: int) -> None:
+        for token in tokens:
+            self.tokens.append(token)
+            self.logprobs.append(0.0)
+            self.versions.append(version)
+            self.loss_mask.append(0)
+            self.constraints.append(grammar.FREE)
+
+    def append_sampled(self, token: int, logprob: float, version: int, constraint: int) -> None:
+        """A token the policy sampled, with the logprob of the distribution it was drawn from."""
+        self.tokens.append(token)
+        self.logprobs.append(logprob)
+        self.versions.append(version)
+        self.loss_mask.append(1)
+        self.constraints.append(constraint)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+
+
+class Actor(Protocol):
+    """What the agent loop needs of whoever chooses the actions."""
+
+    tokenizer: Any  # None: the byte-level format
+    tool_calls: ToolCallGrammar | None
+    max_context: int
+
+    @property
+    def version(self) -> int: ...
+
+    def new_episode(self, *, greedy: bool = False) -> EpisodeState: ...
+
+    def sample_action(self, state: EpisodeState, *, generator: torch.Generator) -> tuple[str | None, str, bool]: ...
+
+    def sample_tool_call(
+        self, state: EpisodeState, *, generator: torch.Generator
+    ) -> tuple[str | None, dict | None, bool]: ...
+
+    def finish(self, state: EpisodeState) -> None: ...
+
 
 SYSTEM_PROMPT = (
     "You are a coding agent in a Python repository at /workspace. Fix the bug described below so that the "
@@ -58,7 +127,7 @@ def observation(text: str, *, limit: int) -> list[int]:
 
 async def run_episode(
     *,
-    engine: PolicyEngine,
+    engine: Actor,
     config: RunConfig,
     task: TaskSpec,
     session: SandboxSession,

@@ -1,0 +1,141 @@
+"""Experiment trackers: a run's step metrics, warm start and finished evaluations, also sent to the
+trackers its config names (`trackers = ["tensorboard", "mlflow", "wandb"]`).
+
+The api is where all three meet (steps and warm starts arrive as events, an evaluation's numbers exist
+once its last episode is graded), so its ingest forwards them here after storing them. Names:
+`train/<metric>` at the optimizer step, `sft/loss` at the warm start's step, `eval/<split>/<measure>` at
+the step of the evaluated version. Writers are the libraries' own: TensorBoard event files
+(tensorboardX, which needs no torch) under `<tracking_dir>/tensorboard/<run>`, an MLflow run per
+Crucible run (tag `crucible.run_id`) at `mlflow_tracking_uri` (default: a file store under
+`<tracking_dir>/mlruns`), a Weights & Biases run (`wandb_mode`, offline by default) under `<tracking_dir>`.
+A tracker that fails is logged and skipped: the run history in PostgreSQL is the record, trackers a copy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from crucible.contracts.events import Event, StepReport, WarmStartReport
+from crucible.contracts.messages import GradedTrajectory
+from crucible.db.models import Checkpoint, Evaluation, Run
+from services.api.queries.evals import get_eval
+
+log = structlog.get_logger("crucible.api")
+EVAL_MEASURES = ("pass_at_1", "pass_at_k", "resolved_rate")
+
+
+class Trackers:
+    """Writers per (run, tracker), opened on a run's first metric."""
+
+    def __init__(self, *, root: Path, mlflow_tracking_uri: str | None = None, wandb_mode: str = "offline") -> None:
+        self.root = root
+        self.mlflow_uri = mlflow_tracking_uri or (root / "mlruns").resolve().as_uri()
+        self.wandb_mode = wandb_mode
+        self._writers: dict[tuple[str, str], Any] = {}
+        self._logged_evals: set[str] = set()
+        self._lock = asyncio.Lock()
+
+    async def observe_event(self, session: AsyncSession, event: Event) -> None:
+        data = event.data
+        if isinstance(data, StepReport):
+            metrics = {f"train/{k}": v for k, v in data.metrics.items()}
+            await self._log(session, event.run_id, metrics, step=data.step)
+        elif isinstance(data, WarmStartReport):
+            for i, loss in enumerate(data.losses):
+                await self._log(session, event.run_id, {"sft/loss": loss}, step=i * data.loss_every)
+        elif event.kind == "eval":
+            await self._eval(session, data.request.eval_id)  # type: ignore[union-attr]
+
+    async def observe_graded(self, session: AsyncSession, graded: GradedTrajectory) -> None:
+        if graded.trajectory.eval_id:
+            await self._eval(session, graded.trajectory.eval_id)
+
+    async def _eval(self, session: AsyncSession, eval_id: str) -> None:
+        if eval_id in self._logged_evals or await session.get(Evaluation, eval_id) is None:
+            return
+        result = await get_eval(session=session, eval_id=eval_id)
+        if result.status != "finished":
+            return
+        self._logged_evals.add(eval_id)
+        checkpoint = await session.get(Checkpoint, (result.run_id, result.version))
+        step = checkpoint.step if checkpoint is not None else result.version
+        metrics = {
+            f"eval/{result.split}/{name}": getattr(result, name).value
+            for name in EVAL_MEASURES
+            if getattr(result, name).value is not None
+        }
+        await self._log(session, result.run_id, metrics, step=step)
+
+    async def _log(self, session: AsyncSession, run_id: str, metrics: dict[str, float], *, step: int) -> None:
+        run = await session.get(Run, run_id)
+        names = (run.config or {}).get("trackers") if run is not None else None
+        if not names or not metrics:
+            return
+        async with self._lock:  # one writer per (run, tracker); the libraries are not re-entrant
+            for name in names:
+                try:
+                    await asyncio.to_thread(self._write, name, run_id, metrics, step)
+                except Exception as exc:
+                    log.warning("tracker failed", tracker=name, run_id=run_id, error=repr(exc))
+
+    def _write(self, name: str, run_id: str, metrics: dict[str, float], step: int) -> None:
+        writer = self._writers.get((name, run_id))
+        if writer is None:
+            writer = self._writers[(name, run_id)] = OPENERS[name](self, run_id)
+        if name == "tensorboard":
+            for key, value in metrics.items():
+                writer.add_scalar(key, value, global_step=step)
+            writer.flush()
+        elif name == "mlflow":
+            from mlflow.entities import Metric
+
+            client, mlflow_run = writer
+            now = int(time.time() * 1000)
+            client.log_batch(mlflow_run, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+        else:
+            writer.log(metrics, step=step)
+
+    def _tensorboard(self, run_id: str) -> Any:
+        from tensorboardX import SummaryWriter
+
+        return SummaryWriter(logdir=str(self.root / "tensorboard" / run_id))
+
+    def _mlflow(self, run_id: str) -> Any:
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=self.mlflow_uri)
+        experiment = client.get_experiment_by_name("crucible")
+        experiment_id = experiment.experiment_id if experiment else client.create_experiment("crucible")
+        found = client.search_runs([experiment_id], filter_string=f"tags.`crucible.run_id` = '{run_id}'")
+        mlflow_run = found[0].info.run_id if found else client.create_run(
+            experiment_id, run_name=run_id, tags={"crucible.run_id": run_id}
+        ).info.run_id
+        return client, mlflow_run
+
+    def _wandb(self, run_id: str) -> Any:
+        import wandb
+
+        return wandb.init(
+            project="crucible", id=run_id, name=run_id, dir=str(self.root), mode=self.wandb_mode,
+            resume="allow", reinit="create_new",
+        )  # fmt: skip
+
+    def close(self) -> None:
+        for (name, _), writer in self._writers.items():
+            try:
+                if name == "tensorboard":
+                    writer.close()
+                elif name == "wandb":
+                    writer.finish()
+            except Exception as exc:
+                log.warning("tracker did not close", tracker=name, error=repr(exc))
+        self._writers.clear()
+
+
+OPENERS = {"tensorboard": Trackers._tensorboard, "mlflow": Trackers._mlflow, "wandb": Trackers._wandb}

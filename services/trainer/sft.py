@@ -1,0 +1,146 @@
+"""A run's supervised warm start (run config `sft`): demonstrations rendered as the run's own episodes,
+then `sft.steps` optimizer steps of negative log-likelihood on the policy's tokens.
+
+Reference solutions (crucible.agent.solutions) are played by crucible.agent.demonstrations' Teacher in a real sandbox on each
+train-split task's snapshot, through the same agent loop as the rollouts (so the tokens, masks and
+constraints have exactly the policy's layout); imported conversations are played against their recorded
+tool results. A demonstration that cannot be played within the run's agent budget, or whose edits the
+sandbox refuses, is left out and counted by reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from crucible.agent.demonstrations import Teacher
+from crucible.agent.episode import run_episode
+from crucible.agent.solutions import (
+    DemonstrationError,
+    RecordedSession,
+    changed_paths,
+    imported_episodes,
+    reference_actions,
+    snapshot_files,
+)
+from crucible.agent.toolcalls import ToolCallGrammar
+from crucible.clients.sandbox import SandboxClient
+from crucible.contracts import subjects
+from crucible.contracts.messages import (
+    ListRequest,
+    ObjectRef,
+    SampleReply,
+    TaskReply,
+    TaskRequest,
+    TaskSpec,
+    Trajectory,
+)
+from crucible.contracts.runconfig import RunConfig
+from crucible.runtime import Runtime
+from services.trainer.settings import Settings
+
+SANDBOX_TTL_S = 600.0
+
+
+@dataclass
+class Demonstrations:
+    trajectories: list[Trajectory] = field(default_factory=list)
+    skipped: Counter[str] = field(default_factory=Counter)
+    """Why demonstrations were left out, by reason."""
+
+
+async def render(
+    rt: Runtime[Settings],
+    *,
+    run_id: str,
+    config: RunConfig,
+    tokenizer: Any,
+    tool_calls: ToolCallGrammar | None,
+    max_context: int,
+) -> Demonstrations:
+    out = Demonstrations()
+
+    def teacher(actions) -> Teacher:
+        return Teacher(actions, agent=config.agent, max_context=max_context, tokenizer=tokenizer, tool_calls=tool_calls)
+
+    async def play(index: int, task: TaskSpec, actor: Teacher, session) -> None:
+        trajectory = await run_episode(
+            engine=actor, config=config, task=task, session=session, run_id=run_id, group_id=f"{run_id}-sft",
+            seed=index, replica=rt.settings.replica, tool_timeout_s=rt.settings.tool_timeout_s,
+            trajectory_id=f"{run_id}-sft-{index:05d}",
+        )  # fmt: skip
+        failed = [c.name for c in trajectory.tool_calls if not c.ok and c.name in ("replace", "read_file")]
+        if trajectory.finish_reason != "submitted":
+            out.skipped[f"ended by {trajectory.finish_reason}"] += 1
+        elif failed:
+            out.skipped[f"{failed[0]} failed in the sandbox"] += 1
+        else:
+            out.trajectories.append(trajectory)
+
+    slots = asyncio.Semaphore(rt.settings.demo_concurrency)
+
+    async def reference(index: int, task: TaskSpec) -> None:
+        async with slots:
+            try:
+                reply = await rt.bus.request(
+                    subjects.CATALOG_GET, TaskRequest(task_id=task.task_id, include_secret=True), TaskReply, timeout=30
+                )
+                if reply.secret is None:
+                    raise DemonstrationError("the catalog sent no reference patch")
+                patch = reply.secret.reference_patch
+                files = snapshot_files(await rt.store.get_bytes(task.snapshot), changed_paths(patch))
+                actor = teacher(reference_actions(patch, files, byte_level=tokenizer is None))
+                session = await SandboxClient(rt.bus).create(
+                    run_id=run_id, task_id=task.task_id, snapshot=task.snapshot, ttl_s=SANDBOX_TTL_S
+                )
+                async with session:
+                    await play(index, task, actor, session)
+            except DemonstrationError as exc:
+                rt.log.info("demonstration left out", run_id=run_id, task=task.task_id, reason=str(exc))
+                out.skipped[_reason(exc)] += 1
+
+    sft = config.sft
+    if sft.tasks:
+        listed = await rt.bus.request(
+            subjects.CATALOG_LIST, ListRequest(taskset=config.tasks.taskset, split="train", limit=10_000),
+            SampleReply, timeout=30,
+        )  # fmt: skip
+        tasks = [t for t in listed.tasks if t.difficulty in config.tasks.difficulties][: sft.tasks]
+        await asyncio.gather(*(reference(i, t) for i, t in enumerate(tasks)))
+    if sft.imported:
+        text = (await rt.store.get_bytes(rt.store.uri(sft.imported), verify=False)).decode("utf-8")
+        for j, episode in enumerate(imported_episodes(text)):
+            task = TaskSpec(
+                task_id=f"imported-{j:05d}", taskset="imported", difficulty=0, statement=episode.statement,
+                snapshot=ObjectRef(uri="", sha256="", size=0),
+            )  # fmt: skip
+            try:
+                await play(100_000 + j, task, teacher(episode.actions), RecordedSession(episode.results))
+            except DemonstrationError as exc:
+                out.skipped[_reason(exc)] += 1
+    out.trajectories.sort(key=lambda t: t.trajectory_id)
+    return out
+
+
+def _reason(exc: DemonstrationError) -> str:
+    """The kind of reason (its message up to the particulars), counted across tasks."""
+    return str(exc).split(":")[0]
+
+
+def batches(trajectories: list[Trajectory], *, steps: int, batch_size: int, seed: int) -> list[list[Trajectory]]:
+    """`steps` batches drawn without replacement within each epoch, in a seeded order."""
+    rng = random.Random(seed)
+    order: list[Trajectory] = []
+    out = []
+    for _ in range(steps):
+        batch = []
+        while len(batch) < min(batch_size, len(trajectories)):
+            if not order:
+                order = list(trajectories)
+                rng.shuffle(order)
+            batch.append(order.pop())
+        out.append(batch)
+    return out
