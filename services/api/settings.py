@@ -24,8 +24,8 @@ class Settings(CommonSettings):
     """Durable consumer on EVENTS; api replicas of one deployment share it."""
     tracking_dir: Path = Path(".crucible/tracking")
     """Where the trackers a run asks for (`trackers` in its config) write: TensorBoard event files, the
-    default MLflow file store, Weights & Biases offline runs."""
+    default MLflow store (SQLite), Weights & Biases offline runs."""
     mlflow_tracking_uri: str | None = None
-    """An MLflow tracking server (or any MLflow URI) instead of the file store under tracking_dir."""
+    """An MLflow tracking server (or any MLflow URI) instead of the SQLite store under tracking_dir."""
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
     """Weights & Biases mode; online needs WANDB_API_KEY and network access."""

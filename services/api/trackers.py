@@ -3,11 +3,11 @@ trackers its config names (`trackers = ["tensorboard", "mlflow", "wandb"]`).
 
 The api is where all three meet (steps and warm starts arrive as events, an evaluation's numbers exist
 once its last episode is graded), so its ingest forwards them here after storing them. Names:
-`train/<metric>` at the optimizer step, `sft/loss` at the warm start's step, `eval/<split>/<measure>` at
+`train/<metric>` at the optimizer step, `sft/loss` after each warm-start step (1-based, like RL steps), `eval/<split>/<measure>` at
 the step of the evaluated version. Writers are the libraries' own: TensorBoard event files
 (tensorboardX, which needs no torch) under `<tracking_dir>/tensorboard/<run>`, an MLflow run per
-Crucible run (tag `crucible.run_id`) at `mlflow_tracking_uri` (default: a file store under
-`<tracking_dir>/mlruns`), a Weights & Biases run (`wandb_mode`, offline by default) under `<tracking_dir>`.
+Crucible run (tag `crucible.run_id`) at `mlflow_tracking_uri` (default: an SQLite store,
+`<tracking_dir>/mlflow.db`), a Weights & Biases run (`wandb_mode`, offline by default) under `<tracking_dir>`.
 A tracker that fails is logged and skipped: the run history in PostgreSQL is the record, trackers a copy.
 """
 
@@ -21,7 +21,14 @@ from typing import Any
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from crucible.contracts.events import Event, StepReport, WarmStartReport
+from crucible.contracts.events import (
+    TERMINAL_STATUSES,
+    EvalReport,
+    Event,
+    RunStatus,
+    StepReport,
+    WarmStartReport,
+)
 from crucible.contracts.messages import GradedTrajectory
 from crucible.db.models import Checkpoint, Evaluation, Run
 from services.api.queries.evals import get_eval
@@ -35,7 +42,7 @@ class Trackers:
 
     def __init__(self, *, root: Path, mlflow_tracking_uri: str | None = None, wandb_mode: str = "offline") -> None:
         self.root = root
-        self.mlflow_uri = mlflow_tracking_uri or (root / "mlruns").resolve().as_uri()
+        self.mlflow_uri = mlflow_tracking_uri or f"sqlite:///{(root / 'mlflow.db').resolve()}"
         self.wandb_mode = wandb_mode
         self._writers: dict[tuple[str, str], Any] = {}
         self._logged_evals: set[str] = set()
@@ -48,9 +55,12 @@ class Trackers:
             await self._log(session, event.run_id, metrics, step=data.step)
         elif isinstance(data, WarmStartReport):
             for i, loss in enumerate(data.losses):
-                await self._log(session, event.run_id, {"sft/loss": loss}, step=i * data.loss_every)
-        elif event.kind == "eval":
-            await self._eval(session, data.request.eval_id)  # type: ignore[union-attr]
+                await self._log(session, event.run_id, {"sft/loss": loss}, step=1 + i * data.loss_every)
+        elif isinstance(data, EvalReport):
+            await self._eval(session, data.request.eval_id)
+        elif isinstance(data, RunStatus) and data.status in TERMINAL_STATUSES:
+            async with self._lock:  # the files complete (an evaluation finishing later opens new ones)
+                await asyncio.to_thread(self.close, event.run_id)
 
     async def observe_graded(self, session: AsyncSession, graded: GradedTrajectory) -> None:
         if graded.trajectory.eval_id:
@@ -109,6 +119,7 @@ class Trackers:
     def _mlflow(self, run_id: str) -> Any:
         from mlflow.tracking import MlflowClient
 
+        self.root.mkdir(parents=True, exist_ok=True)
         client = MlflowClient(tracking_uri=self.mlflow_uri)
         experiment = client.get_experiment_by_name("crucible")
         experiment_id = experiment.experiment_id if experiment else client.create_experiment("crucible")
@@ -126,16 +137,19 @@ class Trackers:
             resume="allow", reinit="create_new",
         )  # fmt: skip
 
-    def close(self) -> None:
-        for (name, _), writer in self._writers.items():
+    def close(self, run_id: str | None = None) -> None:
+        """Close the writers of one run, or of all."""
+        for key in [k for k in self._writers if run_id is None or k[1] == run_id]:
+            name, writer = key[0], self._writers.pop(key)
             try:
                 if name == "tensorboard":
                     writer.close()
-                elif name == "wandb":
+                elif name == "mlflow":
+                    writer[0].set_terminated(writer[1])
+                else:
                     writer.finish()
             except Exception as exc:
-                log.warning("tracker did not close", tracker=name, error=repr(exc))
-        self._writers.clear()
+                log.warning("tracker did not close", tracker=name, run_id=key[1], error=repr(exc))
 
 
 OPENERS = {"tensorboard": Trackers._tensorboard, "mlflow": Trackers._mlflow, "wandb": Trackers._wandb}

@@ -43,6 +43,7 @@ from crucible.runtime import Runtime
 from services.trainer.settings import Settings
 
 SANDBOX_TTL_S = 600.0
+LIST_LIMIT = 1024  # the most tasks catalog.list answers with
 
 
 @dataclass
@@ -105,7 +106,7 @@ async def render(
     sft = config.sft
     if sft.tasks:
         listed = await rt.bus.request(
-            subjects.CATALOG_LIST, ListRequest(taskset=config.tasks.taskset, split="train", limit=10_000),
+            subjects.CATALOG_LIST, ListRequest(taskset=config.tasks.taskset, split="train", limit=LIST_LIMIT),
             SampleReply, timeout=30,
         )  # fmt: skip
         tasks = [t for t in listed.tasks if t.difficulty in config.tasks.difficulties][: sft.tasks]
