@@ -131,6 +131,8 @@ class RunJob:
         optimizer = torch.optim.AdamW(self.model.parameters(), lr=sft.learning_rate, weight_decay=0.0)
         losses, tokens = [], 0
         for batch in batches(demos.trajectories, steps=sft.steps, batch_size=sft.batch_size, seed=self.config.seed):
+            if self.rt.stopping.is_set():
+                return  # nothing saved yet: a trainer that takes the run back starts the warm start again
             metrics = await asyncio.to_thread(
                 sft_step, model=self.model, optimizer=optimizer, batch=collate(batch, [0.0] * len(batch)),
                 temperature=self.config.agent.temperature, max_grad_norm=self.config.optim.max_grad_norm,
@@ -241,6 +243,9 @@ class RunJob:
                     await self._start()
                 except RunStartError as exc:
                     await self._fail(run_delivery, str(exc))
+                    return
+                if self.rt.stopping.is_set():
+                    await self._hand_back(run_delivery)
                     return
                 self.version = 0
                 await self._save_state()

@@ -1,7 +1,8 @@
 """A supervised warm start through every real service, and an RL run that starts from it: `crucible sft`
 plays the train split's reference patches in sandboxes (and an imported conversation), trains, and
 publishes version 0; the RL run's version 0 is exactly those weights. Both runs write TensorBoard event
-files and an MLflow run, read back here with the libraries' own readers."""
+files and an MLflow run, read back here with the libraries' own readers (and the RL run a Weights &
+Biases offline run)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import json
 import httpx
 import pytest
 import torch
+from browser import dom
 from cli_runner import crucible
 from test_e2e_run import pages, wait_for
 
@@ -73,13 +75,16 @@ def test_a_warm_start_trains_publishes_and_an_rl_run_starts_from_it(tmp_path, mo
         client = httpx.Client(base_url=stack.api_url, timeout=30)
         assert [c["version"] for c in pages(client, f"/v1/runs/{sft_run}/checkpoints")] == [0]
         assert pages(client, f"/v1/runs/{sft_run}/trajectories") == []  # a warm start alone samples nothing
+        page = dom(f"{stack.api_url}/runs/{sft_run}")  # the dashboard shows it, its loss curve drawn
+        assert f"{warm['demonstrations']} demonstrations" in page
+        assert 'data-points="30"' in page.split('id="chart-sft"', 1)[1].split(">", 1)[0]
 
         config = {
             "model": {"init": warm["init"]},
             "agent": {"max_turns": 6, "max_action_tokens": 256, "max_observation_bytes": 400},
             "tasks": {"difficulties": [1, 2]},
             "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1, "publish_every": 1},
-            "trackers": ["tensorboard", "mlflow"],
+            "trackers": ["tensorboard", "mlflow", "wandb"],
         }
         rl_run = client.post("/v1/runs", json={"name": "rl", "config": config}).raise_for_status().json()["run_id"]
         wait_for(lambda: client.get(f"/v1/runs/{rl_run}").json()["status"] == "finished", timeout=600,
@@ -109,3 +114,6 @@ def test_a_warm_start_trains_publishes_and_an_rl_run_starts_from_it(tmp_path, mo
         assert len(mlflow.get_metric_history(found[sft_run].info.run_id, "sft/loss")) == 30
         history = mlflow.get_metric_history(found[rl_run].info.run_id, "train/resolved_rate")
         assert [m.step for m in history] == [1]
+        # Weights & Biases, offline: its run file (read by `wandb sync`; no Python reader ships with it).
+        (offline,) = (tracking / "wandb").glob(f"offline-run-*-{rl_run}/run-{rl_run}.wandb")
+        assert offline.stat().st_size > 0

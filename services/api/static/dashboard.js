@@ -35,7 +35,11 @@
 
   for (const figure of section.querySelectorAll("figure.chart")) {
     const id = figure.id.replace("chart-", "");
-    if (id === "evals") {
+    if (id === "sft") {
+      const losses = figure.dataset.losses.split(",").map(Number);
+      const every = Number(figure.dataset.every);
+      draw(figure, "step", losses.map((_, i) => 1 + i * every), [{ label: "loss", values: losses }]);
+    } else if (id === "evals") {
       const done = evals.items.filter((e) => e.resolved_rate.value !== null).sort((a, b) => a.version - b.version);
       draw(figure, "version", done.map((e) => e.version), [
         { label: "pass@1", values: done.map((e) => e.pass_at_1.value) },
