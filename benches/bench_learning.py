@@ -14,6 +14,8 @@ test split: the settings below were fixed before the first run.
 
     python -m benches.bench_learning --json            # 3 seeds, writes docs/learning.png
     python -m benches.bench_learning --seeds 1 --rl-steps 4
+    # the larger size, for a machine with more cores (the services run the model on the CPU):
+    python -m benches.bench_learning --model package:smollm2-135m-instruct --torch-threads 4 --plot learning-smollm2.png
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import httpx
 
 from crucible.localstack import LocalStack
 
-AGENT = {"max_turns": 5, "max_action_tokens": 160, "max_observation_bytes": 1000}
+AGENT = {"max_turns": 5, "max_action_tokens": 256, "max_observation_bytes": 1000}
 """Budgets that fit every one-line reference fix of a difficulty-1 task (the byte-level agent), and show
 the policy most of the file it edits."""
 MAX_CONTEXT = "4096"
@@ -79,6 +81,12 @@ class Stack:
             time.sleep(2.0)
         raise TimeoutError(f"run {name} did not finish in {self.timeout} s")
 
+    def train_resolved(self, run: dict[str, Any]) -> list[dict[str, float]]:
+        """The run's resolved rate on its own training episodes, per step."""
+        items = self.client.get(f"/v1/runs/{run['run_id']}/steps", params={"limit": 500}).json()["items"]
+        return [{"step": s["step"], "resolved": s["metrics"].get("resolved_rate", 0.0),
+                 "reward": s["metrics"].get("reward_mean", 0.0)} for s in items]  # fmt: skip
+
     def steps_of(self, run: dict[str, Any]) -> dict[int, int]:
         """version -> optimizer step it was published at."""
         items = self.client.get(f"/v1/runs/{run['run_id']}/checkpoints", params={"limit": 500}).json()["items"]
@@ -95,6 +103,7 @@ def point(e: dict[str, Any]) -> dict[str, Any]:
 def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     base = {
         "seed": seed,
+        "model": {"source": args.model},
         "tasks": {"taskset": "pybugs", "difficulties": [1]},
         "agent": AGENT,
         "eval": {"split": "test", "samples": args.samples, "max_tasks": 1000, "at_end": True},
@@ -106,7 +115,8 @@ def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any
     schedule = {"group_size": args.group_size, "groups_per_step": args.groups, "max_steps": args.rl_steps,
                 "publish_every": 2, "max_staleness": 1}  # fmt: skip
     rl = stack.run(f"rl-{seed}", {
-        **base, "model": {"init": init}, "schedule": schedule,
+        **base, "model": {"source": args.model, "init": init}, "schedule": schedule,
+        "reward": {"shaping": args.shaping},
         "eval": {**base["eval"], "every_versions": args.eval_every},
     })  # fmt: skip
     steps = stack.steps_of(rl)
@@ -116,11 +126,12 @@ def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any
     )
     sequences = args.rl_steps * args.groups * args.group_size
     control = stack.run(f"control-{seed}", {
-        **base, "model": {"init": init}, "schedule": {"max_steps": 0},
+        **base, "model": {"source": args.model, "init": init}, "schedule": {"max_steps": 0},
         "sft": {**sft, "steps": max(1, sequences // args.batch)},
     })  # fmt: skip
     control_curve = [{"step": 0, **start}, {"step": args.rl_steps, **point(control["evals"][-1])}]
-    return {"seed": seed, "warm_start": warm["warm_start"], "rl": rl_curve, "control": control_curve,
+    return {"seed": seed, "model": args.model, "warm_start": warm["warm_start"], "rl": rl_curve, "control": control_curve,
+            "rl_train": stack.train_resolved(rl),
             "runs": {"warm": warm["run_id"], "rl": rl["run_id"], "control": control["run_id"]}}  # fmt: skip
 
 
@@ -130,7 +141,15 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=120)
+    fig, (ax, train) = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
+    for i, r in enumerate(results):
+        train.plot([p["step"] for p in r["rl_train"]], [p["resolved"] for p in r["rl_train"]], color="tab:blue",
+                   alpha=0.8, label="RL arm" if i == 0 else None)  # fmt: skip
+    train.set_xlabel("RL optimizer step")
+    train.set_ylabel("resolved rate of the step's training episodes")
+    train.set_ylim(-0.02, 1.02)
+    train.set_title("train split (what RL sees)")
+    train.legend()
     for arm, colour in (("rl", "tab:blue"), ("control", "tab:orange")):
         for i, r in enumerate(results):
             xs, ys = [p["step"] for p in r[arm]], [p["resolved"] for p in r[arm]]
@@ -139,7 +158,7 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
     ax.set_xlabel("optimizer steps after the warm start (control: same trained sequences)")
     ax.set_ylabel("held-out resolved rate (test split)")
     ax.set_ylim(-0.02, 1.02)
-    ax.set_title(f"tiny preset, pybugs difficulty 1, {len(results)} seeds")
+    ax.set_title(f"held-out test split: {results[0]['model']}, pybugs difficulty 1, {len(results)} seeds")
     ax.legend()
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -149,14 +168,18 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--tasks-per-difficulty", type=int, default=40, help="Generated difficulty-1 tasks (1/5 test).")
-    parser.add_argument("--sft-steps", type=int, default=80)
+    parser.add_argument("--model", default="tiny", help="model.source, e.g. package:smollm2-135m-instruct.")
+    parser.add_argument("--torch-threads", type=int, default=1, help="Per rollout and trainer process.")
+    parser.add_argument("--tasks-per-difficulty", type=int, default=60, help="Generated difficulty-1 tasks (1/5 test).")
+    parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--rl-steps", type=int, default=8)
+    parser.add_argument("--rl-steps", type=int, default=16)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=2, help="RL evaluations every this many versions.")
+    parser.add_argument("--shaping", type=float, default=0.0,
+                        help="reward.shaping of the RL arm: pays successful tool calls of an episode that changed the repository.")
     parser.add_argument("--samples", type=int, default=2, help="Sampled evaluation episodes per task.")
     parser.add_argument("--timeout", type=float, default=1200.0, help="Seconds per run.")
     parser.add_argument("--plot", type=Path, default=Path("docs/learning.png"))
@@ -164,7 +187,7 @@ def main() -> None:
     args = parser.parse_args()
     started = time.monotonic()
     catalog = {"CRUCIBLE_TASKS_PER_DIFFICULTY": str(args.tasks_per_difficulty), "CRUCIBLE_DIFFICULTIES": "[1]"}
-    context = {"CRUCIBLE_MAX_CONTEXT": MAX_CONTEXT}
+    context = {"CRUCIBLE_MAX_CONTEXT": MAX_CONTEXT, "CRUCIBLE_TORCH_THREADS": str(args.torch_threads)}
     with LocalStack(api_port=0, service_env={"catalog": catalog, "rollout": context, "trainer": context}) as local:
         stack = Stack(local, args.timeout)
         results = [one_seed(stack, seed, args) for seed in range(args.seeds)]
@@ -176,6 +199,10 @@ def main() -> None:
     summary = {
         "rl_resolved": round(k1 / max(n1, 1), 4),
         "control_resolved": round(k2 / max(n2, 1), 4),
+        "rl_train_resolved_first_last": [[r["rl_train"][0]["resolved"], r["rl_train"][-1]["resolved"]] for r in results
+                                         if r["rl_train"]],
+        "rl_train_reward_first_last": [[r["rl_train"][0]["reward"], r["rl_train"][-1]["reward"]] for r in results
+                                       if r["rl_train"]],
         "start_resolved": round(sum(r["rl"][0]["k"] for r in results) / max(sum(r["rl"][0]["n"] for r in results), 1), 4),
         "lift_points": round(100 * (k1 / max(n1, 1) - k2 / max(n2, 1)), 2),
         "lift_ci_low": round(100 * low, 2),
@@ -189,7 +216,8 @@ def main() -> None:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        for key in ("rl_resolved", "control_resolved", "start_resolved", "lift_points", "lift_ci_low", "lift_ci_high",
+        for key in ("rl_resolved", "control_resolved", "start_resolved", "rl_train_resolved_first_last",
+                    "rl_train_reward_first_last", "lift_points", "lift_ci_low", "lift_ci_high",
                     "episodes_per_arm", "minutes", "plot"):  # fmt: skip
             print(f"{key:>18}: {summary[key]}")
 

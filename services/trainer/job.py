@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import msgspec
 import torch
 
+from crucible.agent.solutions import DemonstrationError
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.bus import Delivery
 from crucible.clients.checkpoints import load_weights, publish_weights
@@ -119,10 +120,13 @@ class RunJob:
     async def _warm_start(self) -> None:
         started = time.perf_counter()
         sft = self.config.sft
-        demos = await render(
-            self.rt, run_id=self.run_id, config=self.config, tokenizer=self.tokenizer, tool_calls=self.tool_calls,
-            max_context=min(self.settings.max_context, self.model.cfg.max_seq_len),
-        )  # fmt: skip
+        try:
+            demos = await render(
+                self.rt, run_id=self.run_id, config=self.config, tokenizer=self.tokenizer, tool_calls=self.tool_calls,
+                max_context=min(self.settings.max_context, self.model.cfg.max_seq_len),
+            )  # fmt: skip
+        except DemonstrationError as exc:
+            raise RunStartError(str(exc)) from exc
         if not demos.trajectories:
             raise RunStartError(f"sft: no demonstration could be played (left out: {dict(demos.skipped) or 'none found'})")
         self.rt.log.info(

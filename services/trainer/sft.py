@@ -5,7 +5,8 @@ Reference solutions (crucible.agent.solutions) are played by crucible.agent.demo
 train-split task's snapshot, through the same agent loop as the rollouts (so the tokens, masks and
 constraints have exactly the policy's layout); imported conversations are played against their recorded
 tool results. A demonstration that cannot be played within the run's agent budget, or whose edits the
-sandbox refuses, is left out and counted by reason.
+sandbox refuses, is left out and counted by reason; an imported file that cannot be read or parsed
+raises DemonstrationError (the run cannot start).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from crucible.contracts.messages import (
     Trajectory,
 )
 from crucible.contracts.runconfig import RunConfig
+from crucible.objectstore import ObjectNotFound
 from crucible.runtime import Runtime
 from services.trainer.settings import Settings
 
@@ -112,7 +114,10 @@ async def render(
         tasks = [t for t in listed.tasks if t.difficulty in config.tasks.difficulties][: sft.tasks]
         await asyncio.gather(*(reference(i, t) for i, t in enumerate(tasks)))
     if sft.imported:
-        text = (await rt.store.get_bytes(rt.store.uri(sft.imported), verify=False)).decode("utf-8")
+        try:
+            text = (await rt.store.get_bytes(rt.store.uri(sft.imported), verify=False)).decode("utf-8")
+        except (ObjectNotFound, UnicodeDecodeError) as exc:
+            raise DemonstrationError(f"sft.imported {sft.imported} cannot be read: {exc}") from exc
         for j, episode in enumerate(imported_episodes(text)):
             task = TaskSpec(
                 task_id=f"imported-{j:05d}", taskset="imported", difficulty=0, statement=episode.statement,

@@ -38,12 +38,16 @@ class Action:
 
     def text(self) -> str:
         """The byte-level agent's argument text (see crucible.agent.episode.tool_arguments)."""
-        if self.name == "replace":
-            if "\n" in self.arguments["old"]:
-                raise DemonstrationError("a multi-line edit: the byte-level replace takes a one-line `old`")
-            return f"{self.arguments['path']}\n{self.arguments['old']}\n{self.arguments['new']}"
-        key = ARGUMENT.get(self.name)
-        return self.arguments[key] if key else ""
+        a = self.arguments
+        try:
+            if self.name == "replace":
+                if "\n" in a["old"]:
+                    raise DemonstrationError("a multi-line edit: the byte-level replace takes a one-line `old`")
+                return f"{a['path']}\n{a['old']}\n{a['new']}"
+            key = ARGUMENT.get(self.name)
+            return a[key] if key else ""
+        except KeyError as exc:
+            raise DemonstrationError(f"a tool call without its argument: {self.name} needs {exc}") from None
 
 
 ARGUMENT = {"read_file": "path", "list_dir": "path", "grep": "pattern", "run": "command"}

@@ -15,6 +15,7 @@ from crucible.agent import grammar, tokenizer
 from crucible.agent.demonstrations import Teacher
 from crucible.agent.episode import run_episode
 from crucible.agent.solutions import (
+    Action,
     DemonstrationError,
     RecordedSession,
     changed_paths,
@@ -134,6 +135,8 @@ def test_a_demonstration_over_the_agent_budget_is_refused() -> None:
         play(Teacher(episode.actions, agent=small, max_context=2048), episode)
     with pytest.raises(DemonstrationError, match="over the turn budget"):
         Teacher(episode.actions * 4, agent=CONFIG.agent, max_context=2048)
+    with pytest.raises(DemonstrationError, match="without its argument: replace needs 'new'"):
+        Action("replace", {"path": "a.py", "old": "x"}).text()
 
 
 @pytest.mark.parametrize(
