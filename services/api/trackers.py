@@ -51,11 +51,10 @@ class Trackers:
     async def observe_event(self, session: AsyncSession, event: Event) -> None:
         data = event.data
         if isinstance(data, StepReport):
-            metrics = {f"train/{k}": v for k, v in data.metrics.items()}
-            await self._log(session, event.run_id, metrics, step=data.step)
+            await self._log(session, event.run_id, [(data.step, {f"train/{k}": v for k, v in data.metrics.items()})])
         elif isinstance(data, WarmStartReport):
-            for i, loss in enumerate(data.losses):
-                await self._log(session, event.run_id, {"sft/loss": loss}, step=1 + i * data.loss_every)
+            points = [(1 + i * data.loss_every, {"sft/loss": loss}) for i, loss in enumerate(data.losses)]
+            await self._log(session, event.run_id, points)
         elif isinstance(data, EvalReport):
             await self._eval(session, data.request.eval_id)
         elif isinstance(data, RunStatus) and data.status in TERMINAL_STATUSES:
@@ -66,8 +65,16 @@ class Trackers:
         if graded.trajectory.eval_id:
             await self._eval(session, graded.trajectory.eval_id)
 
+    async def _names(self, session: AsyncSession, run_id: str) -> list[str]:
+        run = await session.get(Run, run_id)
+        return list((run.config or {}).get("trackers") or []) if run is not None else []
+
     async def _eval(self, session: AsyncSession, eval_id: str) -> None:
-        if eval_id in self._logged_evals or await session.get(Evaluation, eval_id) is None:
+        """Log an evaluation once, when its last episode is graded (and only for a run with trackers)."""
+        if eval_id in self._logged_evals:
+            return
+        row = await session.get(Evaluation, eval_id)
+        if row is None or not await self._names(session, row.run_id):
             return
         result = await get_eval(session=session, eval_id=eval_id)
         if result.status != "finished":
@@ -80,36 +87,39 @@ class Trackers:
             for name in EVAL_MEASURES
             if getattr(result, name).value is not None
         }
-        await self._log(session, result.run_id, metrics, step=step)
+        await self._log(session, result.run_id, [(step, metrics)])
 
-    async def _log(self, session: AsyncSession, run_id: str, metrics: dict[str, float], *, step: int) -> None:
-        run = await session.get(Run, run_id)
-        names = (run.config or {}).get("trackers") if run is not None else None
-        if not names or not metrics:
+    async def _log(self, session: AsyncSession, run_id: str, points: list[tuple[int, dict[str, float]]]) -> None:
+        names = await self._names(session, run_id)
+        points = [(step, metrics) for step, metrics in points if metrics]
+        if not names or not points:
             return
         async with self._lock:  # one writer per (run, tracker); the libraries are not re-entrant
             for name in names:
                 try:
-                    await asyncio.to_thread(self._write, name, run_id, metrics, step)
+                    await asyncio.to_thread(self._write, name, run_id, points)
                 except Exception as exc:
                     log.warning("tracker failed", tracker=name, run_id=run_id, error=repr(exc))
 
-    def _write(self, name: str, run_id: str, metrics: dict[str, float], step: int) -> None:
+    def _write(self, name: str, run_id: str, points: list[tuple[int, dict[str, float]]]) -> None:
         writer = self._writers.get((name, run_id))
         if writer is None:
             writer = self._writers[(name, run_id)] = OPENERS[name](self, run_id)
         if name == "tensorboard":
-            for key, value in metrics.items():
-                writer.add_scalar(key, value, global_step=step)
+            for step, metrics in points:
+                for key, value in metrics.items():
+                    writer.add_scalar(key, value, global_step=step)
             writer.flush()
         elif name == "mlflow":
             from mlflow.entities import Metric
 
             client, mlflow_run = writer
             now = int(time.time() * 1000)
-            client.log_batch(mlflow_run, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+            batch = [Metric(k, float(v), now, step) for step, metrics in points for k, v in metrics.items()]
+            client.log_batch(mlflow_run, metrics=batch)
         else:
-            writer.log(metrics, step=step)
+            for step, metrics in points:
+                writer.log(metrics, step=step)
 
     def _tensorboard(self, run_id: str) -> Any:
         from tensorboardX import SummaryWriter

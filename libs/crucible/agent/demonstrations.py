@@ -82,14 +82,12 @@ class Teacher:
                 f"{self.agent.max_action_tokens}"
             )
         matcher = self.tool_calls.matcher()
-        for i, token in enumerate(tokens):  # the policy could have sampled exactly these under its grammar
-            refused = not self.tool_calls.allowed(matcher)[token]
-            if not refused and matcher.is_stopped():
-                refused = i != len(tokens) - 1
-                if not refused:
-                    break
-            if refused or not matcher.consume_token(token):
+        for token in tokens:  # the policy could have sampled exactly these under its grammar
+            if not self.tool_calls.allowed(matcher)[token]:
                 raise DemonstrationError(f"refused by the tool-call grammar: {call[:80]!r}")
+            if matcher.is_stopped():
+                break  # the call is complete; what the grammar allowed was its end of turn
+            self.tool_calls.advance(matcher, token)
         if len(state) + len(tokens) + 2 >= self.max_context:
             return action.name, action.arguments, True
         for token in tokens:
