@@ -98,6 +98,11 @@ def test_a_warm_start_trains_publishes_and_an_rl_run_starts_from_it(tmp_path, mo
         failed = wait_for(lambda: (r := client.get(f"/v1/runs/{missing_id}").json())["status"] == "failed" and r,
                           timeout=120, what="a run with a missing init to fail", stack=stack)  # fmt: skip
         assert "model.init run-nope@0" in failed["error"]
+        unreadable = {"sft": {"steps": 5, "tasks": 0, "imported": "demonstrations/none.jsonl"}, "schedule": {"max_steps": 0}}
+        missing_id = client.post("/v1/runs", json={"name": "x", "config": unreadable}).raise_for_status().json()["run_id"]
+        failed = wait_for(lambda: (r := client.get(f"/v1/runs/{missing_id}").json())["status"] == "failed" and r,
+                          timeout=120, what="a run with an unreadable sft.imported to fail", stack=stack)  # fmt: skip
+        assert "sft.imported demonstrations/none.jsonl cannot be read" in failed["error"]
 
         tracking = tmp_path / "stack" / "tracking"
         sft_events = EventAccumulator(str(tracking / "tensorboard" / sft_run))
