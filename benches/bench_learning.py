@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 
 from crucible.localstack import LocalStack
+from services.api.queries.evals import wilson  # the interval the evaluation API reports
 
 AGENT = {"max_turns": 5, "max_action_tokens": 256, "max_observation_bytes": 1000}
 """Budgets that fit every one-line reference fix of a difficulty-1 task (the byte-level agent), and show
@@ -37,22 +38,12 @@ the policy most of the file it edits."""
 MAX_CONTEXT = "4096"
 """Tokens per episode on the rollouts and in the trainer's demonstrations (the tiny preset's limit):
 prompt, file, edit, test output and submit fit."""
-Z95 = 1.959964
-
-
-def wilson(k: int, n: int) -> tuple[float, float]:
-    if n == 0:
-        return 0.0, 1.0
-    p, z2 = k / n, Z95**2
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = Z95 * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def newcombe(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float]:
     """95% interval of p1 - p2 (Newcombe's hybrid score method)."""
     p1, p2 = k1 / max(n1, 1), k2 / max(n2, 1)
-    (l1, u1), (l2, u2) = wilson(k1, n1), wilson(k2, n2)
+    (l1, u1), (l2, u2) = ((r.ci_low or 0.0, r.ci_high or 1.0) for r in (wilson(k1, n1), wilson(k2, n2)))
     d = p1 - p2
     return d - math.sqrt((p1 - l1) ** 2 + (u2 - p2) ** 2), d + math.sqrt((u1 - p1) ** 2 + (p2 - l2) ** 2)
 

@@ -68,7 +68,11 @@ class RunJob:
         self.model = self._build_model()
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.optim.learning_rate, weight_decay=0.0)
         # The frozen starting policy for the KL term: the run's version 0, loaded once it is published.
-        self.reference = self._build_model().requires_grad_(False).eval() if self.config.optim.kl_coef > 0 else None
+        self.reference = (
+            Transformer(self.model.cfg, precision=self.config.model.precision).requires_grad_(False).eval()
+            if self.config.optim.kl_coef > 0
+            else None
+        )
         self.dropped_groups = 0  # uniform-reward groups dropped since the last step
         self.tokenizer = load_tokenizer(self.config.model.source)
         self.tool_calls = (  # the rollouts' action grammar, replayed over the sampled tokens
@@ -241,8 +245,8 @@ class RunJob:
         consumer: asyncio.Task | None = None
         try:
             await self._resume()
+            await self._event(RunStatus(status="running"))
             if self.version < 0:
-                await self._event(RunStatus(status="running"))
                 try:
                     await self._start()
                 except RunStartError as exc:
@@ -255,7 +259,6 @@ class RunJob:
                 await self._save_state()
             await self._publish()  # v0, or a version saved but perhaps never announced before a crash
             await self._load_reference()
-            await self._event(RunStatus(status="running"))
             if self.last_step:  # saved with the state; its event may have been lost in a crash
                 await self._event(self.last_step)
             consumer = self.rt.spawn(self._consume(), name=f"graded-{self.run_id}")
@@ -322,13 +325,7 @@ class RunJob:
             await self._publish()
         if self.config.eval.at_end:
             await self._request_eval()
-        finished = RunFinished(
-            run_id=self.run_id, status="finished", step=self.step, version=self.version, finished_at=time.time()
-        )
-        await self.rt.bus.publish(subjects.run_finished(self.run_id), finished, msg_id=f"{self.run_id}/finished")
-        await self.rt.redis.set(finished_key(self.run_id), "1", ex=7 * 86400)
-        await self._event(RunStatus(status="finished"))
-        self.stop_consuming.set()
+        await self._announce_end("finished")
         for group in self.groups.values():  # spare groups nobody needs any more: graded, never trained
             for _, delivery in group.members.values():
                 await delivery.ack()
@@ -343,15 +340,19 @@ class RunJob:
     async def _fail(self, run_delivery: Delivery, error: str) -> None:
         """End a run that cannot start: said over the run's events (REST shows it), never retried."""
         self.rt.log.error("run failed", run_id=self.run_id, error=error)
+        await self._announce_end("failed", error)
+        await run_delivery.ack()
+
+    async def _announce_end(self, status: str, error: str = "") -> None:
+        """The durable end of the run (rollouts stop admitting work), its Redis cache and its status event."""
         finished = RunFinished(
-            run_id=self.run_id, status="failed", step=self.step, version=self.version, finished_at=time.time(),
+            run_id=self.run_id, status=status, step=self.step, version=self.version, finished_at=time.time(),
             error=error,
         )
         await self.rt.bus.publish(subjects.run_finished(self.run_id), finished, msg_id=f"{self.run_id}/finished")
         await self.rt.redis.set(finished_key(self.run_id), "1", ex=7 * 86400)
-        await self._event(RunStatus(status="failed", error=error))
+        await self._event(RunStatus(status=status, error=error or None))
         self.stop_consuming.set()
-        await run_delivery.ack()
 
     async def _hand_back(self, run_delivery: Delivery) -> None:
         for group in self.groups.values():

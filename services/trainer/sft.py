@@ -84,6 +84,7 @@ async def render(
             out.trajectories.append(trajectory)
 
     slots = asyncio.Semaphore(rt.settings.demo_concurrency)
+    sandboxes = SandboxClient(rt.bus)
 
     async def reference(index: int, task: TaskSpec) -> None:
         async with slots:
@@ -96,7 +97,7 @@ async def render(
                 patch = reply.secret.reference_patch
                 files = snapshot_files(await rt.store.get_bytes(task.snapshot), changed_paths(patch))
                 actor = teacher(reference_actions(patch, files, byte_level=tokenizer is None))
-                session = await SandboxClient(rt.bus).create(
+                session = await sandboxes.create(
                     run_id=run_id, task_id=task.task_id, snapshot=task.snapshot, ttl_s=SANDBOX_TTL_S
                 )
                 async with session:

@@ -64,8 +64,6 @@ class EpisodeState:
         return len(self.tokens)
 
 
-
-
 class Actor(Protocol):
     """What the agent loop needs of whoever chooses the actions."""
 

@@ -108,7 +108,9 @@ async def test_a_published_version_exports_to_a_directory_transformers_loads(com
 
     run_id = f"run-{uuid.uuid4().hex[:12]}"
     config = RunConfig.model_validate(
-        {"model": {"source": "tiny-dense"}, "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1}}
+        # with a KL term: the trainer loads its reference from the published version 0 before training
+        {"model": {"source": "tiny-dense"}, "optim": {"kl_coef": 0.1},
+         "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1}}  # fmt: skip
     )
     settings = common_settings(TrainerSettings, ack_wait_s=30, heartbeat_s=5)
     async with (
