@@ -17,6 +17,7 @@ each group: the same compute, no signal.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import random
 import time
@@ -46,6 +47,15 @@ def prompt(tool: str, number: int) -> list[int]:
 def held_out_prompts(seed: int) -> list[tuple[str, list[int]]]:
     rng = random.Random(10_000 + seed)
     return [(tool, prompt(tool, rng.choice(HELD_OUT_NUMBERS))) for tool in TOOLS for _ in range(10)]
+
+
+async def act(engine: PolicyEngine, state, generator: torch.Generator) -> str | None:
+    """One action of a one-action episode."""
+    name, _, _ = await engine.sample_action(state, generator=generator)
+    state.append_env([tokenizer.EOS], engine.version)
+    await engine.finish(state)
+    engine.release(state)
+    return name
 
 
 @torch.no_grad()
@@ -116,9 +126,7 @@ def run_arm(*, loss: str, seed: int, steps: int, control: bool, eval_every: int 
             for _ in range(schedule.group_size):
                 state = engine.new_episode()
                 state.append_env(prompt(target, number), engine.version)
-                name, _, _ = engine.sample_action(state, generator=generator)
-                state.append_env([tokenizer.EOS], engine.version)
-                engine.finish(state)
+                name = asyncio.run(act(engine, state, generator))
                 rewards.append(1.0 if name == target else 0.0)
                 group.append(Trajectory(
                     run_id="sanity", trajectory_id=f"{step}-{len(graded) + len(group)}", group_id=f"{step}",

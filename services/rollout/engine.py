@@ -1,13 +1,20 @@
-"""The inference engine: the policy model, its version, and constrained sampling with a KV cache.
+"""The inference engine: the policy model, its version, and the agent's constrained sampling, on one
+continuous batcher (crucible.model.batcher) shared by every episode of the replica's run.
 
-Weights are swapped between decode steps: `swap` loads a new state dict into a fresh model and then
-switches both (model, version) in one assignment, so every sampled token knows the version that made it.
-An episode that spans a swap keeps its KV cache (computed by the old weights), as asynchronous RL
-systems do; the per-token versions let the trainer see and bound exactly that staleness.
+An action is one request to the batcher: its `choose` callback applies the action's constraint (the
+byte-level table, or the tool-call grammar) to each position's logits, samples, records the token with
+the logprob of the distribution it was drawn from and the version that made it, and says when the action
+is complete. Episodes decode together; a group's episodes prefill their shared prompt once.
+
+Weights are swapped between decode steps: `swap` loads a new state dict into a fresh model and hands it
+to the batcher, whose next step uses it. An episode that spans a swap keeps its KV cache (computed by the
+old weights), as asynchronous RL systems do; the per-token versions let the trainer see and bound exactly
+that staleness.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 
 import torch
@@ -17,6 +24,7 @@ from crucible.agent.episode import EpisodeState
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.contracts.runconfig import RunConfig
 from crucible.model import PRESETS, Transformer, build_model
+from crucible.model.batcher import ContinuousBatcher
 from crucible.model.sources import load_tokenizer, model_config
 
 
@@ -24,7 +32,7 @@ class PolicyEngine:
     """The run's model at its newest version and the agent's token format: the byte-level `<act>` format
     of Crucible's presets, or a pretrained model's own tokenizer, chat template and tool calls."""
 
-    def __init__(self, *, config: RunConfig, max_context: int) -> None:
+    def __init__(self, *, config: RunConfig, max_context: int, max_sequences: int = 64, prefill_chunk: int = 256) -> None:
         self.config = config
         source = config.model.source
         self.model_config = model_config(source)
@@ -38,12 +46,17 @@ class PolicyEngine:
                 self.tokenizer, vocab_size=self.model_config.vocab_size, agent=config.agent
             )
         self.max_context = min(max_context, self.model_config.max_seq_len)
-        self._current: tuple[Transformer, int] | None = None
+        self.batcher = ContinuousBatcher(
+            max_context=self.max_context, max_slots=max_sequences, prefill_chunk=prefill_chunk
+        )
         self._swap_lock = threading.Lock()
 
     @property
     def version(self) -> int:
-        return -1 if self._current is None else self._current[1]
+        return self.batcher.version
+
+    def close(self) -> None:
+        self.batcher.close()
 
     def _build(self) -> Transformer:
         if self.config.model.source in PRESETS:
@@ -61,25 +74,19 @@ class PolicyEngine:
                 return
             model = self._build()
             model.load_state_dict(state_dict, strict=True)
-            self._current = (model, version)
+            self.batcher.swap(model, version)
 
     def new_episode(self, *, greedy: bool = False) -> EpisodeState:
-        if self._current is None:
+        if self.version < 0:
             raise RuntimeError("no weights loaded yet")
-        return EpisodeState(cache=self._current[0].new_cache(batch_size=1, max_len=self.max_context), greedy=greedy)
+        return EpisodeState(greedy=greedy)
 
-    @torch.inference_mode()
-    def _feed(self, model: Transformer, state: EpisodeState) -> torch.Tensor:
-        """Run the not-yet-fed tokens through the model; returns the last position's logits [V]."""
-        pending = torch.tensor([state.tokens[state.fed :]], dtype=torch.long)
-        out = model(pending, cache=state.cache)
-        if out.routes is not None:
-            state.routes.extend(out.routes[0].tolist())
-        state.fed = len(state.tokens)
-        return out.logits[0, -1]
+    async def _run(self, state: EpisodeState, choose) -> None:
+        error = await asyncio.wrap_future(self.batcher.submit(state, choose))
+        if error is not None:
+            raise error
 
-    @torch.inference_mode()
-    def sample_action(self, state: EpisodeState, *, generator: torch.Generator) -> tuple[str | None, str, bool]:
+    async def sample_action(self, state: EpisodeState, *, generator: torch.Generator) -> tuple[str | None, str, bool]:
         """Sample `<tool:NAME> ARGS <end>` after the `<act>` already in `state`.
 
         For a tool without arguments (`tokenizer.NO_ARGUMENT_TOOLS`) only the tool token is sampled; the
@@ -88,64 +95,83 @@ class PolicyEngine:
         context_exhausted).
         """
         budget = self.config.agent.max_action_tokens
-        name: str | None = None
-        args: list[int] = []
-        constraint = grammar.TOOL
-        for step in range(budget):
-            if len(state) + 2 >= self.max_context:
-                return name, bytes(args).decode("utf-8", "replace"), True
-            model, version = self._current  # type: ignore[misc]
-            logits = self._feed(model, state)
-            logp = grammar.constrained_logprobs(
-                logits, torch.tensor(constraint), temperature=self.config.agent.temperature
-            )
+        temperature = self.config.agent.temperature
+        action = {"name": None, "args": [], "exhausted": False, "constraint": grammar.TOOL, "sampled": 0}
+
+        def choose(logits: torch.Tensor, version: int) -> bool:
+            constraint = action["constraint"]
+            logp = grammar.constrained_logprobs(logits, torch.tensor(constraint), temperature=temperature)
             token = state.pick(logp, generator)
             state.append_sampled(token, float(logp[token]), version, constraint)
+            action["sampled"] += 1
             if constraint == grammar.TOOL:
-                name = tokenizer.tool_name(token)
-                if name in tokenizer.NO_ARGUMENT_TOOLS:
+                action["name"] = tokenizer.tool_name(token)
+                if action["name"] in tokenizer.NO_ARGUMENT_TOOLS:
                     state.append_env([tokenizer.END], version)
-                    break
-                constraint = grammar.ARGS
+                    return True
+                action["constraint"] = grammar.ARGS
             elif token == tokenizer.END:
-                break
+                return True
             else:
-                args.append(token)
-        else:
-            state.append_env([tokenizer.END], self.version)
-        return name, bytes(args).decode("utf-8", "replace"), False
+                action["args"].append(token)
+            if action["sampled"] >= budget:
+                state.append_env([tokenizer.END], version)
+                return True
+            if len(state) + 2 >= self.max_context:
+                action["exhausted"] = True
+                return True
+            return False
 
-    @torch.inference_mode()
-    def sample_tool_call(
+        if len(state) + 2 >= self.max_context:
+            action["exhausted"] = True
+        else:
+            await self._run(state, choose)
+        return action["name"], bytes(action["args"]).decode("utf-8", "replace"), action["exhausted"]
+
+    async def sample_tool_call(
         self, state: EpisodeState, *, generator: torch.Generator
     ) -> tuple[str | None, dict | None, bool]:
         """A pretrained model's tool call, every token under the grammar, ending with its end-of-turn
         token. Returns (tool name, arguments, context_exhausted); (None, None, False) when the action
         budget ran out before the call closed (the end of turn then follows as an environment token)."""
         assert self.tool_calls is not None and self.tokenizer is not None
-        matcher = self.tool_calls.matcher()
-        eos = self.tokenizer.eos_token_id
+        tool_calls, eos = self.tool_calls, self.tokenizer.eos_token_id
+        budget = self.config.agent.max_action_tokens
+        temperature = self.config.agent.temperature
+        matcher = tool_calls.matcher()
         action: list[int] = []
-        for _ in range(self.config.agent.max_action_tokens):
-            if len(state) + 2 >= self.max_context:
-                return None, None, True
-            model, version = self._current  # type: ignore[misc]
-            logits = self._feed(model, state)
-            logp = grammar.masked_logprobs(
-                logits, self.tool_calls.allowed(matcher), temperature=self.config.agent.temperature
-            )
+        result: dict = {"call": (None, None), "exhausted": False}
+
+        def choose(logits: torch.Tensor, version: int) -> bool:
+            logp = grammar.masked_logprobs(logits, tool_calls.allowed(matcher), temperature=temperature)
             token = state.pick(logp, generator)
             state.append_sampled(token, float(logp[token]), version, grammar.TOOL_CALL)
             action.append(token)
             if token == eos:
-                name, arguments = self.tool_calls.parse(self.tokenizer.decode(action))
-                return name, arguments, False
-            self.tool_calls.advance(matcher, token)
-        state.append_env([eos], self.version)
-        return None, None, False
+                result["call"] = tool_calls.parse(self.tokenizer.decode(action))
+                return True
+            tool_calls.advance(matcher, token)
+            if len(action) >= budget:
+                state.append_env([eos], version)
+                return True
+            if len(state) + 2 >= self.max_context:
+                result["exhausted"] = True
+                return True
+            return False
 
-    @torch.inference_mode()
-    def finish(self, state: EpisodeState) -> None:
+        if len(state) + 2 >= self.max_context:
+            return None, None, True
+        await self._run(state, choose)
+        if result["exhausted"]:
+            return None, None, True
+        name, arguments = result["call"]
+        return name, arguments, False
+
+    async def finish(self, state: EpisodeState) -> None:
         """Feed the trailing tokens so that every position has its routing recorded."""
-        if state.fed < len(state) and self._current is not None:
-            self._feed(self._current[0], state)
+        if state.fed < len(state):
+            await self._run(state, None)
+
+    def release(self, state: EpisodeState) -> None:
+        """The episode is over: its KV cache slot goes back to the batcher."""
+        self.batcher.release(state)

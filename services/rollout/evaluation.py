@@ -53,8 +53,20 @@ async def run_evaluation(rt: Runtime[Settings], request: EvalRequest) -> None:
         )
     except Exception as exc:
         raise EvaluationError(f"cannot load version {request.version} of {request.run_id}: {exc}") from exc
-    engine = PolicyEngine(config=created.config, max_context=rt.settings.max_context)
-    await asyncio.to_thread(engine.swap, state, manifest.version)
+    engine = PolicyEngine(
+        config=created.config,
+        max_context=rt.settings.max_context,
+        max_sequences=rt.settings.max_sequences,
+        prefill_chunk=rt.settings.prefill_chunk,
+    )
+    try:
+        await asyncio.to_thread(engine.swap, state, manifest.version)
+        await _evaluate(rt, engine, created, request)
+    finally:
+        engine.close()
+
+
+async def _evaluate(rt: Runtime[Settings], engine: PolicyEngine, created: RunCreated, request: EvalRequest) -> None:
     try:
         listed = await rt.bus.request(
             subjects.CATALOG_LIST,

@@ -39,7 +39,12 @@ class RunWorker:
         self.settings = rt.settings
         self.run_id = run_id
         self.config = config
-        self.engine = PolicyEngine(config=config, max_context=self.settings.max_context)
+        self.engine = PolicyEngine(
+            config=config,
+            max_context=self.settings.max_context,
+            max_sequences=self.settings.max_sequences,
+            prefill_chunk=self.settings.prefill_chunk,
+        )
         self.new_version = asyncio.Event()
         self.latest_announced = -1
         self.sandboxes = SandboxClient(rt.bus)
@@ -69,6 +74,14 @@ class RunWorker:
         self.new_version.set()
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            self.engine.close()
+        await self._report()
+        self.rt.log.info("run finished on this replica", run_id=self.run_id, episodes=self.episodes)
+
+    async def _run(self) -> None:
         slots = asyncio.Semaphore(self.settings.concurrent_groups)
         groups: set[asyncio.Task] = set()
         while not self.rt.stopping.is_set():
@@ -88,8 +101,6 @@ class RunWorker:
             task.add_done_callback(lambda t: (groups.discard(t), slots.release()))
         if groups:
             await asyncio.gather(*groups, return_exceptions=True)
-        await self._report()
-        self.rt.log.info("run finished on this replica", run_id=self.run_id, episodes=self.episodes)
 
     async def _finished(self) -> bool:
         """The trainer's durable end-of-run marker (Redis only caches it)."""

@@ -46,12 +46,12 @@ class Teacher:
         self.tool_calls = tool_calls
 
     def new_episode(self, *, greedy: bool = False) -> EpisodeState:
-        return EpisodeState(cache=None)
+        return EpisodeState()
 
     def _next(self) -> Action:
         return self.actions.pop(0) if self.actions else SUBMIT
 
-    def sample_action(self, state: EpisodeState, *, generator: torch.Generator) -> tuple[str | None, str, bool]:
+    async def sample_action(self, state: EpisodeState, *, generator: torch.Generator) -> tuple[str | None, str, bool]:
         action = self._next()
         text = action.text()
         body = [] if action.name in tokenizer.NO_ARGUMENT_TOOLS else [*tokenizer.encode(text), tokenizer.END]
@@ -69,7 +69,7 @@ class Teacher:
             state.append_env([tokenizer.END], self.version)
         return action.name, text, False
 
-    def sample_tool_call(
+    async def sample_tool_call(
         self, state: EpisodeState, *, generator: torch.Generator
     ) -> tuple[str | None, dict | None, bool]:
         assert self.tokenizer is not None and self.tool_calls is not None
@@ -94,5 +94,8 @@ class Teacher:
             state.append_sampled(token, 0.0, self.version, grammar.TOOL_CALL)
         return action.name, action.arguments, False
 
-    def finish(self, state: EpisodeState) -> None:
+    async def finish(self, state: EpisodeState) -> None:
+        pass
+
+    def release(self, state: EpisodeState) -> None:
         pass

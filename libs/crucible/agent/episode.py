@@ -6,7 +6,6 @@ exactly the layout of the policy's own episodes."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 import uuid
@@ -21,14 +20,12 @@ from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import TaskSpec, ToolCall, Trajectory
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
-from crucible.model import KVCache
 
 
 @dataclass
 class EpisodeState:
     """The growing token sequence of one episode, with everything the trainer needs per token."""
 
-    cache: KVCache | None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
@@ -76,13 +73,19 @@ class Actor(Protocol):
 
     def new_episode(self, *, greedy: bool = False) -> EpisodeState: ...
 
-    def sample_action(self, state: EpisodeState, *, generator: torch.Generator) -> tuple[str | None, str, bool]: ...
+    async def sample_action(
+        self, state: EpisodeState, *, generator: torch.Generator
+    ) -> tuple[str | None, str, bool]: ...
 
-    def sample_tool_call(
+    async def sample_tool_call(
         self, state: EpisodeState, *, generator: torch.Generator
     ) -> tuple[str | None, dict | None, bool]: ...
 
-    def finish(self, state: EpisodeState) -> None: ...
+    async def finish(self, state: EpisodeState) -> None:
+        """Whatever must follow the last token (the rollout feeds it, to record its routing)."""
+
+    def release(self, state: EpisodeState) -> None:
+        """The episode is over, normally or not: free what it held."""
 
 
 SYSTEM_PROMPT = (
@@ -140,11 +143,14 @@ async def run_episode(
     started = time.time()
     generator = torch.Generator().manual_seed(seed)
     state: EpisodeState = engine.new_episode(greedy=greedy)
-    if engine.tool_calls is not None:
-        calls, finish = await _chat_turns(engine, config, task, session, state, generator, tool_timeout_s)
-    else:
-        calls, finish = await _byte_turns(engine, config, task, session, state, generator, tool_timeout_s)
-    await asyncio.to_thread(engine.finish, state)
+    try:
+        if engine.tool_calls is not None:
+            calls, finish = await _chat_turns(engine, config, task, session, state, generator, tool_timeout_s)
+        else:
+            calls, finish = await _byte_turns(engine, config, task, session, state, generator, tool_timeout_s)
+        await engine.finish(state)
+    finally:
+        engine.release(state)
     diff = await session.diff()
     token_text = [] if engine.tokenizer is None else engine.tokenizer.batch_decode([[t] for t in state.tokens])
     return Trajectory(
@@ -174,7 +180,7 @@ async def _byte_turns(engine, config, task, session, state, generator, tool_time
     for turn in range(config.agent.max_turns):
         state.append_env([tokenizer.ACT], engine.version)
         start = len(state)
-        name, args, exhausted = await asyncio.to_thread(engine.sample_action, state, generator=generator)
+        name, args, exhausted = await engine.sample_action(state, generator=generator)
         version = state.versions[-1]
         if exhausted:
             finish = "context"
@@ -206,7 +212,7 @@ async def _chat_turns(engine, config, task, session, state, generator, tool_time
     finish = "max_turns"
     for turn in range(config.agent.max_turns):
         start = len(state)
-        name, arguments, exhausted = await asyncio.to_thread(engine.sample_tool_call, state, generator=generator)
+        name, arguments, exhausted = await engine.sample_tool_call(state, generator=generator)
         version = state.versions[-1]
         if exhausted:
             finish = "context"

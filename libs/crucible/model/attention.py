@@ -1,4 +1,5 @@
-"""Grouped-query self-attention with rotary positions and an optional KV cache.
+"""Grouped-query self-attention with rotary positions and an optional KV cache
+(`KVCache` or a continuous batch's `SlotBatch`: the cache says which keys each query sees).
 
 Projections run at the model's precision (queries, keys and values as one fused `wqkv` weight, rows
 in that order, with an optional bias); queries and keys may be RMS-normalised per head (`qk_norm="head"`,
@@ -13,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from crucible.model.config import ModelConfig
-from crucible.model.kvcache import KVCache
+from crucible.model.kvcache import KVCache, SlotBatch
 from crucible.model.layers import Linear, RMSNorm, apply_rotary
 
 
@@ -32,7 +33,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(k_width, eps=cfg.norm_eps)
 
     def forward(
-        self, x_BTD: torch.Tensor, cos_Td: torch.Tensor, sin_Td: torch.Tensor, cache: KVCache | None
+        self, x_BTD: torch.Tensor, cos_Td: torch.Tensor, sin_Td: torch.Tensor, cache: KVCache | SlotBatch | None
     ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
@@ -45,15 +46,9 @@ class Attention(nn.Module):
         q = apply_rotary(q, cos_Td, sin_Td).transpose(1, 2)
         k = apply_rotary(k, cos_Td, sin_Td).transpose(1, 2)
         v = v.transpose(1, 2).float()
-        start = 0
+        mask = None
         if cache is not None:
-            start = cache.length
+            mask = cache.mask(T)
             k, v = cache.write(self.layer_id, k, v)
-        if start == 0 or T == 1:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=start == 0 and T > 1, enable_gqa=True)
-        else:
-            # queries sit at positions start..start+T-1 and see every key up to their own position
-            q_pos = torch.arange(start, start + T, device=x_BTD.device)
-            mask = torch.arange(start + T, device=x_BTD.device)[None, :] <= q_pos[:, None]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=True)
         return self.wo(o.transpose(1, 2).reshape(B, T, -1))

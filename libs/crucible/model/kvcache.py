@@ -1,4 +1,5 @@
-"""Key/value cache for incremental decoding: one preallocated buffer per layer, one shared length."""
+"""Key/value caches for incremental decoding: `KVCache`, sequences of a batch in lockstep (one shared
+length), and `SlotCache`, independent sequences each at its own length (continuous batching)."""
 
 from __future__ import annotations
 
@@ -68,3 +69,128 @@ class KVCache:
         k = self.k[layer, :, :, :end].to(k_BHTd.dtype)
         v = self.v[layer, :, :, :end].to(v_BHTd.dtype)
         return k, v
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def mask(self, n: int) -> torch.Tensor | None:
+        """Which keys each of the next `n` queries sees, [n, length + n]; None when that is plain causal
+        attention (the first chunk, or a single query that sees everything)."""
+        if self.length == 0 or n == 1:
+            return None
+        q_pos = torch.arange(self.length, self.length + n, device=self.k.device)
+        return torch.arange(self.length + n, device=self.k.device)[None, :] <= q_pos[:, None]
+
+
+@dataclass(eq=False)
+class SlotCache:
+    """Keys and values of independent sequences, one slot each, each at its own length: the cache of the
+    continuous-batching engine (crucible.model.batcher).
+
+    k and v are [n_layers, slots, n_kv_heads, max_len, head_dim], preallocated; positions [0, lengths[s])
+    of slot s are valid. A forward runs on a `SlotBatch`, some slots each fed the same number of tokens;
+    decoding writes in place, so nothing is copied per step except, when the batch's slots are not one
+    contiguous range, the keys and values it attends to."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    lengths: list[int]
+
+    @classmethod
+    def empty(cls, *, like: KVCache, slots: int) -> SlotCache:
+        """`slots` empty slots shaped like `like`'s batch rows (a model's `new_cache` of batch size 1)."""
+        shape = (like.k.shape[0], slots, *like.k.shape[2:])
+        v_shape = (like.v.shape[0], slots, *like.v.shape[2:])
+        return cls(
+            k=torch.zeros(shape, dtype=like.k.dtype, device=like.k.device),
+            v=torch.zeros(v_shape, dtype=like.v.dtype, device=like.v.device),
+            lengths=[0] * slots,
+        )
+
+    @property
+    def slots(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[3]
+
+    def grow(self, slots: int) -> None:
+        """Room for `slots` sequences; the existing ones keep their slot and contents (one copy)."""
+        if slots <= self.slots:
+            return
+        extra = slots - self.slots
+        self.k = torch.cat([self.k, self.k.new_zeros((self.k.shape[0], extra, *self.k.shape[2:]))], dim=1)
+        self.v = torch.cat([self.v, self.v.new_zeros((self.v.shape[0], extra, *self.v.shape[2:]))], dim=1)
+        self.lengths += [0] * extra
+
+    def copy_prefix(self, *, source: int, target: int, start: int, end: int) -> None:
+        """Give `target` the keys and values of `source`'s positions [start, end) (a shared prefix)."""
+        if not (0 <= start <= end <= self.lengths[source] and self.lengths[target] == start):
+            raise ValueError(
+                f"cannot copy positions [{start}, {end}) of a slot of length {self.lengths[source]} "
+                f"to one of length {self.lengths[target]}"
+            )
+        self.k[:, target, :, start:end] = self.k[:, source, :, start:end]
+        self.v[:, target, :, start:end] = self.v[:, source, :, start:end]
+        self.lengths[target] = end
+
+    def batch(self, rows: list[int]) -> SlotBatch:
+        return SlotBatch(self, rows)
+
+
+class SlotBatch:
+    """The slots one forward runs on (batch row b is slot rows[b]), each continuing at its own length."""
+
+    def __init__(self, cache: SlotCache, rows: list[int]) -> None:
+        if not rows or len(set(rows)) != len(rows):
+            raise ValueError(f"a batch needs distinct slots, got {rows}")
+        self.cache = cache
+        self.rows = rows
+        device = cache.k.device
+        self.rows_B = torch.tensor(rows, device=device)
+        self.starts_B = torch.tensor([cache.lengths[r] for r in rows], device=device)
+        self.length = max(cache.lengths[r] for r in rows)  # the longest row, before this forward
+        self.contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+        self._mask: tuple[int, torch.Tensor] | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.rows)
+
+    @property
+    def max_len(self) -> int:
+        return self.cache.max_len
+
+    def positions(self, n: int) -> torch.Tensor:
+        """[B, n]: the positions of each row's next n tokens."""
+        return self.starts_B[:, None] + torch.arange(n, device=self.starts_B.device)
+
+    def write(
+        self, layer: int, k_BHTd: torch.Tensor, v_BHTd: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store each row's new keys and values at its own positions; return the rows' keys and values
+        up to the longest row's end (positions past a row's own end are masked by `mask`)."""
+        T = k_BHTd.shape[2]
+        pos = self.positions(T)
+        k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [slots, H, max_len, d]
+        k_cache[self.rows_B[:, None], :, pos] = k_BHTd.transpose(1, 2).to(k_cache.dtype)
+        v_cache[self.rows_B[:, None], :, pos] = v_BHTd.transpose(1, 2).to(v_cache.dtype)
+        end = self.length + T
+        if self.contiguous:
+            first = self.rows[0]
+            k, v = k_cache[first : first + len(self.rows), :, :end], v_cache[first : first + len(self.rows), :, :end]
+        else:
+            k, v = k_cache[:, :, :end].index_select(0, self.rows_B), v_cache[:, :, :end].index_select(0, self.rows_B)
+        return k.to(k_BHTd.dtype), v.to(v_BHTd.dtype)
+
+    def mask(self, n: int) -> torch.Tensor:
+        """[B, 1, n, length + n]: each row's queries see its own keys up to their position."""
+        if self._mask is None or self._mask[0] != n:
+            keys = torch.arange(self.length + n, device=self.starts_B.device)
+            self._mask = (n, (keys[None, None, :] <= self.positions(n)[:, :, None])[:, None])
+        return self._mask[1]
+
+    def advance(self, n: int) -> None:
+        for r in self.rows:
+            self.cache.lengths[r] += n

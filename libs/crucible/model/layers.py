@@ -71,7 +71,8 @@ def rotary_tables(*, head_dim: int, max_seq_len: int, theta: float) -> tuple[tor
 
 
 def apply_rotary(x_BTHd: torch.Tensor, cos_Td: torch.Tensor, sin_Td: torch.Tensor) -> torch.Tensor:
-    """Rotate each (x[i], x[i + d/2]) pair of every head by its position's angle; returns fp32."""
+    """Rotate each (x[i], x[i + d/2]) pair of every head by its position's angle; returns fp32. The tables
+    are [T, d] (every row at the same positions) or [B, T, d] (each row at its own)."""
     half = x_BTHd.shape[-1] // 2
     swapped = torch.cat([x_BTHd[..., half:], x_BTHd[..., :half]], dim=-1)
-    return x_BTHd * cos_Td[:, None, :] + swapped * sin_Td[:, None, :]
+    return x_BTHd * cos_Td.unsqueeze(-2) + swapped * sin_Td.unsqueeze(-2)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from crucible.model.config import ModelConfig
-from crucible.model.kvcache import KVCache
+from crucible.model.kvcache import KVCache, SlotBatch
 from crucible.model.layers import Linear, RMSNorm, apply_rotary
 
 LATENT_NORM_EPS = 1e-6  # DeepSeek's latent norms use their own epsilon, not the model's
@@ -46,7 +46,7 @@ class LatentAttention(nn.Module):
         self.wo = Linear(cfg.n_heads * self.v_dim, cfg.dim)
 
     def forward(
-        self, x_BTD: torch.Tensor, cos_Td: torch.Tensor, sin_Td: torch.Tensor, cache: KVCache | None
+        self, x_BTD: torch.Tensor, cos_Td: torch.Tensor, sin_Td: torch.Tensor, cache: KVCache | SlotBatch | None
     ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H = self.n_heads
@@ -59,19 +59,14 @@ class LatentAttention(nn.Module):
             q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
         q_rope = apply_rotary(q_rope, cos_Td, sin_Td)
         k_rope = apply_rotary(k_rope, cos_Td, sin_Td).transpose(1, 2)  # [B, 1, T, rope]
-        start = 0
+        mask = None
         if cache is not None:
-            start = cache.length
+            mask = cache.mask(T)
             latent, k_rope = cache.write(self.layer_id, latent, k_rope)
         S = latent.shape[2]
         kv = self.wkv_b(latent.transpose(1, 2).reshape(B, S, self.kv_rank)).float().view(B, S, H, -1)
         k_nope, v = kv.transpose(1, 2).split([self.nope, self.v_dim], dim=-1)
         k = torch.cat([k_nope, k_rope.expand(B, H, S, self.rope)], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)
-        if start == 0 or T == 1:
-            o = F.scaled_dot_product_attention(q, k, v, is_causal=start == 0 and T > 1)
-        else:
-            q_pos = torch.arange(start, start + T, device=x_BTD.device)
-            mask = torch.arange(start + T, device=x_BTD.device)[None, :] <= q_pos[:, None]
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1)
         return self.wo(o.transpose(1, 2).reshape(B, T, H * self.v_dim))

@@ -10,7 +10,7 @@ from torch import nn
 
 from crucible.model.attention import Attention
 from crucible.model.config import ModelConfig
-from crucible.model.kvcache import KVCache
+from crucible.model.kvcache import KVCache, SlotBatch
 from crucible.model.layers import Embedding, FeedForward, Linear, RMSNorm, rotary_tables
 from crucible.model.matmul import check_precision, linear
 from crucible.model.mla import LatentAttention
@@ -41,7 +41,7 @@ class TransformerBlock(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: KVCache | None,
+        cache: KVCache | SlotBatch | None,
         replay: torch.Tensor | None,
         valid: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -113,23 +113,28 @@ class Transformer(nn.Module):
         tokens_BT: torch.Tensor,
         *,
         routes: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: KVCache | SlotBatch | None = None,
         valid_BT: torch.Tensor | None = None,
     ) -> ModelOutput:
         """Logits for every position. `routes` [B, T, L_moe, k] replays recorded expert choices (rows of
-        -1 are routed afresh); `cache` continues positions at cache.length and advances it by T.
+        -1 are routed afresh); `cache` continues positions at cache.length (a `SlotBatch`: each row at its
+        own slot's length) and advances it by T.
 
         `valid_BT` [B, T] is 1 at real tokens and 0 at padding: padding is computed like any token (its
         outputs are masked by the caller) but does not count in the routers' training load, which
         `update_router_biases` balances. Without it every position counts."""
         self._check_tokens(tokens_BT, cache)
         B, T = tokens_BT.shape
-        start = 0 if cache is None else cache.length
         if routes is not None:
             self._check_routes(routes, B, T)
         if valid_BT is not None and tuple(valid_BT.shape) != (B, T):
             raise ValueError(f"valid_BT must have the tokens' shape {(B, T)}, got {tuple(valid_BT.shape)}")
-        cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
+        if isinstance(cache, SlotBatch):
+            positions = cache.positions(T)
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        else:
+            start = 0 if cache is None else cache.length
+            cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
         x = self.tok_embeddings(tokens_BT)
         chosen, moe_index = [], 0
         for block in self.layers:
@@ -141,7 +146,7 @@ class Transformer(nn.Module):
                 chosen.append(ids)
                 moe_index += 1
         if cache is not None:
-            cache.length += T
+            cache.advance(T)
         h = self.norm(x)
         if self.output is None:
             logits = linear(h, self.tok_embeddings.weight, precision=self.head_precision)
@@ -155,7 +160,7 @@ class Transformer(nn.Module):
         for moe in self.moe_layers:
             moe.router.update_bias(rate=self.cfg.bias_update_rate if rate is None else rate)
 
-    def _check_tokens(self, tokens_BT: torch.Tensor, cache: KVCache | None) -> None:
+    def _check_tokens(self, tokens_BT: torch.Tensor, cache: KVCache | SlotBatch | None) -> None:
         if tokens_BT.dim() != 2 or tokens_BT.dtype not in (torch.int64, torch.int32):
             raise ValueError(
                 "tokens must be an int64 [batch, time] tensor, "

@@ -4,6 +4,8 @@ The model's logits are biased towards one tool so that the tool is really sample
 
 from __future__ import annotations
 
+import asyncio
+
 import torch
 
 from crucible.agent import grammar, tokenizer
@@ -28,15 +30,17 @@ def _engine(*, bias: dict[int, float]) -> tuple[PolicyEngine, torch.nn.Module]:
     shift = torch.zeros(tokenizer.VOCAB_SIZE)
     for token, amount in bias.items():
         shift[token] = amount
-    engine._current[0].register_forward_hook(
+    engine.batcher.model.register_forward_hook(
         lambda module, args, out: ModelOutput(logits=out.logits + shift, routes=out.routes)
     )
     return engine, model
 
 
-def _actions(
-    engine: PolicyEngine, *, seed: int, turns: int = 3
-) -> tuple[EpisodeState, list[tuple[int, str | None, str]]]:
+def _actions(engine: PolicyEngine, *, seed: int, turns: int = 3) -> tuple[EpisodeState, list[tuple[int, str | None, str]]]:
+    return asyncio.run(_episode(engine, seed=seed, turns=turns))
+
+
+async def _episode(engine: PolicyEngine, *, seed: int, turns: int) -> tuple[EpisodeState, list[tuple[int, str | None, str]]]:
     """An episode of a few actions; for each, where it starts (its tool token), the tool and its arguments."""
     generator = torch.Generator().manual_seed(seed)
     state = engine.new_episode()
@@ -45,14 +49,15 @@ def _actions(
     for _ in range(turns):
         state.append_env([tokenizer.ACT], 0)
         start = len(state)
-        name, args, exhausted = engine.sample_action(state, generator=generator)
+        name, args, exhausted = await engine.sample_action(state, generator=generator)
         assert not exhausted
         actions.append((start, name, args))
         if name == "submit":
             break
         state.append_env([tokenizer.OBS, *tokenizer.encode("ok")], 0)
     state.append_env([tokenizer.EOS], 0)
-    engine.finish(state)
+    await engine.finish(state)
+    engine.release(state)
     return state, actions
 
 

@@ -5,6 +5,7 @@ an ulp: log-probabilities agree to bf16 precision, not bit for bit."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -21,15 +22,20 @@ from services.trainer.step import token_logprobs, train_step
 
 
 def sample_group(engine: PolicyEngine, *, n: int, version: int) -> list[GradedTrajectory]:
+    return asyncio.run(_sample_group(engine, n=n, version=version))
+
+
+async def _sample_group(engine: PolicyEngine, *, n: int, version: int) -> list[GradedTrajectory]:
     graded = []
     for i in range(n):
         state = engine.new_episode()
         state.append_env([tokenizer.BOS, *tokenizer.encode(f"task {i}"), tokenizer.ACT], version)
-        engine.sample_action(state, generator=torch.Generator().manual_seed(i))
+        await engine.sample_action(state, generator=torch.Generator().manual_seed(i))
         state.append_env([tokenizer.ACT], version)
-        engine.sample_action(state, generator=torch.Generator().manual_seed(100 + i))
+        await engine.sample_action(state, generator=torch.Generator().manual_seed(100 + i))
         state.append_env([tokenizer.EOS], version)
-        engine.finish(state)
+        await engine.finish(state)
+        engine.release(state)
         L, k = len(state.routes[0]), len(state.routes[0][0])
         trajectory = Trajectory(
             run_id="r", trajectory_id=f"t{i}", group_id="g", task_id="task", taskset="s",

@@ -1,0 +1,325 @@
+"""Continuous batching: one thread steps every sequence that waits for a token, together.
+
+Callers (the rollout's episodes, the OpenAI-compatible server's requests) hand the batcher a sequence, a
+growing token list, with a `choose` callback. The batcher runs the sequence's not-yet-fed tokens through
+the model and calls `choose(logits, version)` on the engine thread with the last position's fp32 logits
+and the version of the weights that made them; `choose` appends the token(s) it picks to the sequence
+and says whether it is done. Sequences join and leave between steps; each step is
+
+1. prefix sharing: a sequence about to prefill copies the keys and values of its longest common prefix
+   with a resident sequence whose cache was computed by the current weights (the G episodes of a group
+   prefill their shared prompt once; different tasks share the system prompt);
+2. one decode forward for every sequence with exactly one token to feed (batch B, one position each);
+3. one prefill chunk (at most `prefill_chunk` tokens) of the oldest sequence with more, so a long
+   observation never stalls the decoding ones for more than one chunk.
+
+The cache (`SlotCache`) holds one slot per resident sequence, kept between a sequence's turns (an
+episode's KV cache survives its tool calls) until `release`. Weights swap between steps: `swap` hands a
+new (model, version) that the next step uses; a sequence resident across a swap keeps its cache, as an
+episode spanning a swap does in asynchronous RL, and every sampled token carries the version that made it.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from crucible.model.kvcache import SlotCache
+from crucible.model.transformer import Transformer
+
+Choose = Callable[[torch.Tensor, int], bool]
+"""(logits [V] fp32, weights version) -> done; appends what it picks to the sequence."""
+
+
+class Sequence(Protocol):
+    tokens: list[int]
+    fed: int  # tokens already in the cache
+    routes: list  # per fed token, its experts per MoE layer (left empty for dense models)
+
+
+class BatcherError(RuntimeError):
+    """A request the batcher cannot serve (past the context, a released sequence, the batcher closed)."""
+
+
+@dataclass(eq=False)
+class _Resident:
+    """A sequence holding a slot."""
+
+    sequence: Any
+    slot: int
+    version: int  # the weights that computed the slot's first position (-1: empty)
+
+
+@dataclass(eq=False)
+class _Request:
+    resident: _Resident
+    choose: Choose | None  # None: only feed (record the routing of trailing tokens)
+    future: Future = field(default_factory=Future)
+
+
+@dataclass
+class BatcherStats:
+    steps: int = 0
+    decode_rows: int = 0  # summed over decode forwards
+    prefill_tokens: int = 0  # computed
+    shared_tokens: int = 0  # copied from a shared prefix instead of computed
+
+
+class ContinuousBatcher:
+    def __init__(
+        self,
+        *,
+        max_context: int,
+        max_slots: int = 64,
+        prefill_chunk: int = 256,
+        min_shared_prefix: int = 16,
+    ) -> None:
+        if max_slots < 1 or prefill_chunk < 1:
+            raise ValueError("max_slots and prefill_chunk must be positive")
+        self.max_context = max_context
+        self.max_slots = max_slots
+        self.prefill_chunk = prefill_chunk
+        self.min_shared_prefix = min_shared_prefix
+        self.stats = BatcherStats()
+        self._model: Transformer | None = None
+        self._version = -1
+        self._incoming: tuple[Transformer, int] | None = None
+        self._cache: SlotCache | None = None
+        self._residents: dict[int, _Resident] = {}  # id(sequence) -> resident
+        self._free: list[int] = []
+        self._queue: list[_Request] = []  # in arrival order
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="continuous-batcher", daemon=True)
+        self._thread.start()
+
+    @property
+    def version(self) -> int:
+        """The newest weights handed to the batcher (those the next step uses)."""
+        with self._cond:
+            return self._incoming[1] if self._incoming is not None else self._version
+
+    @property
+    def model(self) -> Transformer | None:
+        """The newest model handed to the batcher."""
+        with self._cond:
+            return self._incoming[0] if self._incoming is not None else self._model
+
+    def swap(self, model: Transformer, version: int) -> None:
+        with self._cond:
+            self._incoming = (model, version)
+            self._cond.notify()
+
+    def submit(self, sequence: Sequence, choose: Choose | None) -> Future:
+        """Feed `sequence` and call `choose` until it is done (None: feed only). The future resolves to
+        None, or to the exception that ended the request."""
+        with self._cond:
+            if self._closed:
+                raise BatcherError("the batcher is closed")
+            if self._model is None and self._incoming is None:
+                raise BatcherError("no weights loaded yet")
+            resident = self._residents.get(id(sequence))
+            if resident is None:
+                resident = self._residents[id(sequence)] = _Resident(sequence, slot=-1, version=-1)
+                sequence.fed = 0  # a sequence new to this batcher starts its cache from scratch
+                sequence.routes.clear()
+            request = _Request(resident, choose)
+            if any(r.resident is resident for r in self._queue):
+                raise BatcherError("this sequence already has a request in flight")
+            self._queue.append(request)
+            self._cond.notify()
+            return request.future
+
+    def run(self, sequence: Sequence, choose: Choose | None) -> None:
+        """`submit` and wait (for callers on their own threads)."""
+        error = self.submit(sequence, choose).result()
+        if error is not None:
+            raise error
+
+    def release(self, sequence: Sequence) -> None:
+        """Free the sequence's slot (its cache is forgotten); a no-op for one never submitted."""
+        with self._cond:
+            resident = self._residents.pop(id(sequence), None)
+            if resident is None:
+                return
+            for request in [r for r in self._queue if r.resident is resident]:
+                self._queue.remove(request)
+                request.future.set_result(BatcherError("the sequence was released mid-request"))
+            if resident.slot >= 0:
+                self._free.append(resident.slot)
+                self._cache.lengths[resident.slot] = 0  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            for request in self._queue:
+                request.future.set_result(BatcherError("the batcher is closed"))
+            self._queue.clear()
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=30)
+
+    # --- the engine thread ---
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._closed and not (self._queue and (self._model or self._incoming)):
+                    self._cond.wait()
+                if self._closed:
+                    return
+                if self._incoming is not None:
+                    self._model, self._version = self._incoming
+                    self._incoming = None
+                queue = list(self._queue)
+                residents = list(self._residents.values())
+            with torch.inference_mode():
+                progressed = self._step(queue, residents)
+            if not progressed:  # every waiting request needs a slot: wait for a release or a new request
+                with self._cond:
+                    self._cond.wait(timeout=1.0)
+
+    def _step(self, queue: list[_Request], residents: list[_Resident]) -> bool:
+        """One step; False when nothing could run."""
+        checked = [r for r in queue if self._check(r)]
+        live = [r for r in checked if self._place(r)]
+        if not live:
+            return len(checked) < len(queue)
+        self.stats.steps += 1
+        deferred, ahead = set(), []
+        for request in (r for r in live if self._pending(r) > 1):
+            if self._share(request, residents, ahead):
+                deferred.add(id(request))
+            ahead.append(request)
+        decode = sorted((r for r in live if self._pending(r) == 1), key=lambda r: r.resident.slot)
+        if decode:
+            self._forward(decode, 1)
+        # a request finished by the decode forward is its caller's again: its sequence may already grow
+        prefill = next(
+            (r for r in live if not r.future.done() and self._pending(r) > 1 and id(r) not in deferred), None
+        )
+        if prefill is not None:
+            self._forward([prefill], min(self.prefill_chunk, self._pending(prefill)))
+        for request in live:
+            if not request.future.done() and request.choose is None and self._pending(request) == 0:
+                self._finish(request, None)
+        return True
+
+    @staticmethod
+    def _pending(request: _Request) -> int:
+        sequence = request.resident.sequence
+        return len(sequence.tokens) - sequence.fed
+
+    def _place(self, request: _Request) -> bool:
+        """Give the request's sequence a slot; False while every slot is taken (it waits)."""
+        resident = request.resident
+        if resident.slot >= 0:
+            return True
+        assert self._model is not None
+        with self._cond:
+            if not self._free:
+                size = 0 if self._cache is None else self._cache.slots
+                if size >= self.max_slots:
+                    return False
+                grown = min(self.max_slots, max(8, 2 * size))
+                if self._cache is None:
+                    like = self._model.new_cache(batch_size=1, max_len=self.max_context)
+                    self._cache = SlotCache.empty(like=like, slots=grown)
+                else:
+                    self._cache.grow(grown)
+                self._free = list(range(grown - 1, size - 1, -1))
+            resident.slot = self._free.pop()
+            self._cache.lengths[resident.slot] = 0  # type: ignore[union-attr]
+        resident.version = -1
+        return True
+
+    def _check(self, request: _Request) -> bool:
+        sequence = request.resident.sequence
+        vocab = self._model.cfg.vocab_size  # type: ignore[union-attr]
+        if len(sequence.tokens) > self.max_context:
+            self._finish(request, BatcherError(f"{len(sequence.tokens)} tokens exceed the context of {self.max_context}"))
+        elif self._pending(request) < 1 and request.choose is not None:
+            self._finish(request, BatcherError("nothing to feed: a sequence must end with the token to continue from"))
+        elif any(not 0 <= t < vocab for t in sequence.tokens[sequence.fed :]):
+            self._finish(request, BatcherError(f"token ids must be in [0, {vocab})"))
+        return not request.future.done()
+
+    def _share(self, request: _Request, residents: list[_Resident], ahead: list[_Request]) -> bool:
+        """Copy the longest prefix a resident sequence computed with the current weights. True when a
+        request ahead is still prefilling a longer common prefix: this one waits for it, then copies."""
+        resident, sequence = request.resident, request.resident.sequence
+        want = len(sequence.tokens) - 1  # the last token is fed, for its logits
+        least = max(sequence.fed, self.min_shared_prefix - 1)  # share at least min_shared_prefix in all
+        best, source = least, None
+        for other in residents:
+            if other is resident or other.slot < 0 or other.version != self._version or other.sequence.fed <= best:
+                continue
+            n = _common_prefix(sequence.tokens, other.sequence.tokens, min(want, other.sequence.fed))
+            if n > best:
+                best, source = n, other
+        coming = max((_common_prefix(sequence.tokens, r.resident.sequence.tokens, want) for r in ahead), default=0)
+        if source is None:
+            return coming > least
+        assert self._cache is not None
+        start = sequence.fed
+        self._cache.copy_prefix(source=source.slot, target=resident.slot, start=start, end=best)
+        if source.sequence.routes:
+            sequence.routes.extend(source.sequence.routes[start:best])
+        if start == 0:
+            resident.version = self._version
+        sequence.fed = best
+        self.stats.shared_tokens += best - start
+        return coming > best
+
+    def _forward(self, requests: list[_Request], n: int) -> None:
+        model, version = self._model, self._version
+        assert model is not None and self._cache is not None
+        tokens = [r.resident.sequence.tokens[r.resident.sequence.fed : r.resident.sequence.fed + n] for r in requests]
+        batch = self._cache.batch([r.resident.slot for r in requests])
+        try:
+            out = model(torch.tensor(tokens, dtype=torch.long), cache=batch)
+        except Exception as exc:  # the inputs were checked: this is the model's own failure
+            for request in requests:
+                self._finish(request, exc)
+            return
+        if n == 1:
+            self.stats.decode_rows += len(requests)
+        else:
+            self.stats.prefill_tokens += n
+        for b, request in enumerate(requests):
+            resident, sequence = request.resident, request.resident.sequence
+            if sequence.fed == 0:
+                resident.version = version
+            sequence.fed += n
+            if out.routes is not None:
+                sequence.routes.extend(out.routes[b].tolist())
+            if request.choose is None or sequence.fed < len(sequence.tokens) or request.future.done():
+                continue
+            try:
+                done = request.choose(out.logits[b, -1], version)
+            except Exception as exc:  # the caller's decoding failed: that request ends, the others go on
+                self._finish(request, exc)
+                continue
+            if done:
+                self._finish(request, None)
+
+    def _finish(self, request: _Request, error: BaseException | None) -> None:
+        with self._cond:
+            if request in self._queue:
+                self._queue.remove(request)
+        if not request.future.done():
+            request.future.set_result(error)
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = 0
+    for x, y in zip(a[:limit], b[:limit]):
+        if x != y:
+            break
+        n += 1
+    return n

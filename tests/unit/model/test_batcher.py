@@ -1,0 +1,194 @@
+"""The continuous batcher: sequences decoded together give what each gives alone, whatever joins and
+leaves around them; shared prefixes are copied, not recomputed; swaps land between steps; a bad request
+fails alone."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from crucible.model import PRESETS, build_model
+from crucible.model.batcher import BatcherError, ContinuousBatcher
+
+
+class Seq:
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = list(tokens)
+        self.fed = 0
+        self.routes: list = []
+        self.logprobs: list[float] = []
+        self.versions: list[int] = []
+
+
+def greedy(seq: Seq, n: int, *, started: threading.Event | None = None):
+    """Greedy decoding of n tokens, recording each token's logprob and version."""
+
+    goal = len(seq.logprobs) + n
+
+    def choose(logits: torch.Tensor, version: int) -> bool:
+        logp = torch.log_softmax(logits, dim=-1)
+        token = int(torch.argmax(logp))
+        seq.tokens.append(token)
+        seq.logprobs.append(float(logp[token]))
+        seq.versions.append(version)
+        if started is not None and len(seq.logprobs) == 3:
+            started.set()
+        return len(seq.logprobs) == goal
+
+    return choose
+
+
+@pytest.fixture(scope="module", params=[("tiny", "fp32"), ("tiny-dense", "fp32"), ("tiny", "bf16"), ("tiny", "mxfp8")])
+def model(request):
+    """MoE and dense, in each precision a run trains (and so samples) in."""
+    name, precision = request.param
+    return build_model(PRESETS[name], precision=precision, seed=3).eval()
+
+
+PROMPTS = [
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20],  # the same prompt
+    [5, 9, 2],
+    list(range(30, 90)),  # longer than a prefill chunk
+    [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 40, 41, 42],  # shares 18 tokens
+    [7],
+]
+LENGTHS = [12, 5, 9, 3, 14, 7]
+
+
+def one_at_a_time(model) -> list[Seq]:
+    batcher = ContinuousBatcher(max_context=128, max_slots=1, prefill_chunk=16)
+    batcher.swap(model, 0)
+    out = []
+    for prompt, n in zip(PROMPTS, LENGTHS):
+        seq = Seq(prompt)
+        batcher.run(seq, greedy(seq, n))
+        batcher.release(seq)
+        out.append(seq)
+    batcher.close()
+    return out
+
+
+def test_batched_equals_one_at_a_time_with_sequences_joining_and_leaving(model):
+    alone = one_at_a_time(model)
+    batcher = ContinuousBatcher(max_context=128, max_slots=8, prefill_chunk=16)
+    batcher.swap(model, 0)
+    first_half = [Seq(p) for p in PROMPTS[:3]]
+    started = threading.Event()
+    futures = [batcher.submit(s, greedy(s, n, started=started if i == 0 else None))
+               for i, (s, n) in enumerate(zip(first_half, LENGTHS[:3]))]  # fmt: skip
+    assert started.wait(timeout=60), "the first sequences never decoded"
+    second_half = [Seq(p) for p in PROMPTS[3:]]  # join while the first ones decode
+    futures += [batcher.submit(s, greedy(s, n)) for s, n in zip(second_half, LENGTHS[3:])]
+    assert [f.result(timeout=120) for f in futures] == [None] * len(PROMPTS)
+    batched = first_half + second_half
+    assert batcher.stats.decode_rows > batcher.stats.steps, "nothing was ever decoded together"
+    for a, b in zip(alone, batched):
+        assert a.tokens == b.tokens
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+        assert a.routes == b.routes
+    batcher.close()
+
+
+def test_the_incremental_logprobs_are_the_full_forward_ones(model):
+    seq = one_at_a_time(model)[3]
+    with torch.no_grad():
+        logp = torch.log_softmax(model(torch.tensor([seq.tokens])).logits[0], dim=-1)
+    prompt = len(PROMPTS[3])
+    expected = [float(logp[prompt - 1 + i, seq.tokens[prompt + i]]) for i in range(LENGTHS[3])]
+    assert seq.logprobs == pytest.approx(expected, abs=1e-4)
+
+
+def test_a_shared_prompt_is_prefilled_once(model):
+    batcher = ContinuousBatcher(max_context=256, max_slots=8, prefill_chunk=64)
+    batcher.swap(model, 0)
+    prompt = list(range(1, 201))
+    group = [Seq(prompt) for _ in range(8)]
+    futures = [batcher.submit(s, greedy(s, 4)) for s in group]
+    assert [f.result(timeout=120) for f in futures] == [None] * 8
+    assert batcher.stats.prefill_tokens == len(prompt)  # one computed prefill, 7 copies
+    assert batcher.stats.shared_tokens == 7 * (len(prompt) - 1)
+    assert all(s.tokens == group[0].tokens for s in group)
+    assert all(s.routes == group[0].routes for s in group)
+    batcher.close()
+
+
+def test_a_swap_lands_between_steps_and_each_token_knows_its_version(model):
+    batcher = ContinuousBatcher(max_context=128, max_slots=4)
+    batcher.swap(model, 0)
+    newer = build_model(model.cfg, precision=model.precision, seed=4).eval()
+    seq = Seq(list(range(1, 30)))
+    started = threading.Event()
+    release_swap = threading.Event()
+
+    def choose(logits: torch.Tensor, version: int) -> bool:
+        seq.tokens.append(int(torch.argmax(logits)))
+        seq.versions.append(version)
+        if len(seq.versions) == 3:
+            started.set()
+            release_swap.wait(timeout=30)  # the swap is handed over while this step runs
+        return len(seq.versions) == 8
+
+    future = batcher.submit(seq, choose)
+    assert started.wait(timeout=60)
+    batcher.swap(newer, 1)
+    assert batcher.version == 1
+    release_swap.set()
+    assert future.result(timeout=60) is None
+    assert seq.versions == [0, 0, 0, 1, 1, 1, 1, 1]
+    # a new sequence does not share a prefix computed by the old weights
+    other = Seq(seq.tokens[:-1] + [9])
+    batcher.run(other, greedy(other, 1))
+    assert batcher.stats.shared_tokens == 0
+    batcher.close()
+
+
+def test_a_bad_request_fails_alone(model):
+    batcher = ContinuousBatcher(max_context=64, max_slots=4)
+    batcher.swap(model, 0)
+    good = Seq([1, 2, 3])
+    too_long = Seq(list(range(1, 70)))
+    bad_token = Seq([1, model.cfg.vocab_size + 5])
+    crashing = Seq([4, 5])
+
+    def explode(logits, version):
+        raise ValueError("the caller's decoding failed")
+
+    futures = [
+        batcher.submit(good, greedy(good, 10)),
+        batcher.submit(too_long, greedy(too_long, 1)),
+        batcher.submit(bad_token, greedy(bad_token, 1)),
+        batcher.submit(crashing, explode),
+    ]
+    results = [f.result(timeout=60) for f in futures]
+    assert results[0] is None and len(good.tokens) == 13
+    assert isinstance(results[1], BatcherError) and "exceed the context" in str(results[1])
+    assert isinstance(results[2], BatcherError) and "token ids" in str(results[2])
+    assert isinstance(results[3], ValueError)
+    empty = Seq([])
+    with pytest.raises(BatcherError, match="nothing to feed"):
+        batcher.run(empty, greedy(empty, 1))
+    # the cache of the good sequence survived its neighbours: it continues exactly as a fresh one would
+    batcher.run(good, greedy(good, 2))
+    fresh = Seq(good.tokens[:13])
+    batcher.run(fresh, greedy(fresh, 2))
+    assert fresh.tokens == good.tokens
+    batcher.close()
+
+
+def test_more_sequences_than_slots_wait_for_a_release(model):
+    batcher = ContinuousBatcher(max_context=64, max_slots=2)
+    batcher.swap(model, 0)
+    held = [Seq([1, 2]), Seq([3, 4])]
+    for s in held:
+        batcher.run(s, greedy(s, 1))  # both slots now hold a parked sequence
+    waiting = Seq([5, 6])
+    future = batcher.submit(waiting, greedy(waiting, 2))
+    assert not future.done()
+    batcher.release(held[0])
+    assert future.result(timeout=60) is None and len(waiting.tokens) == 4
+    batcher.close()
+    with pytest.raises(BatcherError, match="closed"):
+        batcher.submit(Seq([1]), greedy(Seq([1]), 1))
