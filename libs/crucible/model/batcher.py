@@ -151,8 +151,7 @@ class ContinuousBatcher:
                 self._queue.remove(request)
                 request.future.set_result(BatcherError("the sequence was released mid-request"))
             if resident.slot >= 0:
-                self._free.append(resident.slot)
-                self._cache.lengths[resident.slot] = 0  # type: ignore[union-attr]
+                self._free.append(resident.slot)  # `_place` empties it for its next sequence
 
     def close(self) -> None:
         with self._cond:
@@ -228,8 +227,7 @@ class ContinuousBatcher:
                     return False
                 grown = min(self.max_slots, max(8, 2 * size))
                 if self._cache is None:
-                    like = self._model.new_cache(batch_size=1, max_len=self.max_context)
-                    self._cache = SlotCache.empty(like=like, slots=grown)
+                    self._cache = SlotCache.of(self._model.new_cache(batch_size=grown, max_len=self.max_context))
                 else:
                     self._cache.grow(grown)
                 self._free = list(range(grown - 1, size - 1, -1))

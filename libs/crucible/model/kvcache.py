@@ -97,15 +97,9 @@ class SlotCache:
     lengths: list[int]
 
     @classmethod
-    def empty(cls, *, like: KVCache, slots: int) -> SlotCache:
-        """`slots` empty slots shaped like `like`'s batch rows (a model's `new_cache` of batch size 1)."""
-        shape = (like.k.shape[0], slots, *like.k.shape[2:])
-        v_shape = (like.v.shape[0], slots, *like.v.shape[2:])
-        return cls(
-            k=torch.zeros(shape, dtype=like.k.dtype, device=like.k.device),
-            v=torch.zeros(v_shape, dtype=like.v.dtype, device=like.v.device),
-            lengths=[0] * slots,
-        )
+    def of(cls, cache: KVCache) -> SlotCache:
+        """An empty slot per batch row of `cache` (a model's `new_cache`), sharing its buffers."""
+        return cls(k=cache.k, v=cache.v, lengths=[0] * cache.batch_size)
 
     @property
     def slots(self) -> int:
