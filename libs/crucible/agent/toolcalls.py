@@ -170,10 +170,13 @@ def render_text(
     tokenizer: Any, messages: list[dict[str, str]], *, tools: list[dict[str, Any]] = TOOLS, generation: bool = True
 ) -> str:
     """The conversation through the chat template (with the assistant's next turn opened if `generation`);
-    tools passed as the template expects, or described in the system message where it ignores them."""
+    tools passed as the template expects, or described in the system message where it ignores them; no
+    tools, a plain conversation."""
     if not getattr(tokenizer, "chat_template", None):
         raise ToolCallError("the tokenizer has no chat template")
     try:
+        if not tools:
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False)
         if _renders_tools(tokenizer):
             return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation, tokenize=False)
         described = "\n".join(json.dumps(tool) for tool in tools)

@@ -18,6 +18,7 @@ COMMAND_MODULES = (
     "crucible.cli.evals",
     "crucible.cli.sft",
     "crucible.cli.model",
+    "crucible.cli.serve",
     "services.sandbox.cli",
     "services.catalog.cli",
 )

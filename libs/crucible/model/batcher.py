@@ -10,8 +10,10 @@ and says whether it is done. Sequences join and leave between steps; each step i
    with a resident sequence whose cache was computed by the current weights (the G episodes of a group
    prefill their shared prompt once; different tasks share the system prompt);
 2. one decode forward for every sequence with exactly one token to feed (batch B, one position each);
-3. one prefill chunk (at most `prefill_chunk` tokens) of the oldest sequence with more, so a long
-   observation never stalls the decoding ones for more than one chunk.
+3. one prefill forward: the next chunk (at most `prefill_chunk` tokens) of the oldest sequence with more,
+   batched with the same chunk length of other sequences that have as much to feed, within
+   `prefill_chunk` tokens in all, so a long observation never stalls the decoding ones for more than
+   one chunk and a group's distinct prompts prefill together.
 
 The cache (`SlotCache`) holds one slot per resident sequence, kept between a sequence's turns (an
 episode's KV cache survives its tool calls) until `release`. Weights swap between steps: `swap` hands a
@@ -110,6 +112,12 @@ class ContinuousBatcher:
         with self._cond:
             return self._incoming[0] if self._incoming is not None else self._model
 
+    @property
+    def residents(self) -> int:
+        """Sequences holding a slot (submitted and not yet released)."""
+        with self._cond:
+            return len(self._residents)
+
     def swap(self, model: Transformer, version: int) -> None:
         with self._cond:
             self._incoming = (model, version)
@@ -199,11 +207,11 @@ class ContinuousBatcher:
         if decode:
             self._forward(decode, 1)
         # a request finished by the decode forward is its caller's again: its sequence may already grow
-        prefill = next(
-            (r for r in live if not r.future.done() and self._pending(r) > 1 and id(r) not in deferred), None
-        )
-        if prefill is not None:
-            self._forward([prefill], min(self.prefill_chunk, self._pending(prefill)))
+        waiting = [r for r in live if not r.future.done() and self._pending(r) > 1 and id(r) not in deferred]
+        if waiting:  # the oldest's next chunk, with every other that has as much to feed, within the budget
+            n = min(self.prefill_chunk, self._pending(waiting[0]))
+            rows = [r for r in waiting if self._pending(r) >= n][: max(1, self.prefill_chunk // n)]
+            self._forward(sorted(rows, key=lambda r: r.resident.slot), n)
         for request in live:
             if not request.future.done() and request.choose is None and self._pending(request) == 0:
                 self._finish(request, None)
@@ -280,7 +288,7 @@ class ContinuousBatcher:
         tokens = [r.resident.sequence.tokens[r.resident.sequence.fed : r.resident.sequence.fed + n] for r in requests]
         batch = self._cache.batch([r.resident.slot for r in requests])
         try:
-            out = model(torch.tensor(tokens, dtype=torch.long), cache=batch)
+            out = model(torch.tensor(tokens, dtype=torch.long), cache=batch, last_only=True)
         except Exception as exc:  # the inputs were checked: this is the model's own failure
             for request in requests:
                 self._finish(request, exc)
@@ -288,7 +296,7 @@ class ContinuousBatcher:
         if n == 1:
             self.stats.decode_rows += len(requests)
         else:
-            self.stats.prefill_tokens += n
+            self.stats.prefill_tokens += n * len(requests)
         for b, request in enumerate(requests):
             resident, sequence = request.resident, request.resident.sequence
             if sequence.fed == 0:

@@ -115,10 +115,12 @@ class Transformer(nn.Module):
         routes: torch.Tensor | None = None,
         cache: KVCache | SlotBatch | None = None,
         valid_BT: torch.Tensor | None = None,
+        last_only: bool = False,
     ) -> ModelOutput:
-        """Logits for every position. `routes` [B, T, L_moe, k] replays recorded expert choices (rows of
-        -1 are routed afresh); `cache` continues positions at cache.length (a `SlotBatch`: each row at its
-        own slot's length) and advances it by T.
+        """Logits for every position (`last_only`: for the last one only, [B, 1, V], all a sampler needs).
+        `routes` [B, T, L_moe, k] replays recorded expert choices (rows of -1 are routed afresh); `cache`
+        continues positions at cache.length (a `SlotBatch`: each row at its own slot's length) and
+        advances it by T.
 
         `valid_BT` [B, T] is 1 at real tokens and 0 at padding: padding is computed like any token (its
         outputs are masked by the caller) but does not count in the routers' training load, which
@@ -147,7 +149,7 @@ class Transformer(nn.Module):
                 moe_index += 1
         if cache is not None:
             cache.advance(T)
-        h = self.norm(x)
+        h = self.norm(x[:, -1:] if last_only else x)
         if self.output is None:
             logits = linear(h, self.tok_embeddings.weight, precision=self.head_precision)
         else:

@@ -1,0 +1,215 @@
+"""Token ids in, sampled tokens out, on the continuous batcher (crucible.model.batcher): the sampling an
+OpenAI-compatible request asks for, with the exact logprob of every token under the distribution it was
+drawn from (temperature, top-p and grammar applied; a greedy token's is under the grammar-masked
+distribution at temperature 1) and the version of the weights that made it.
+
+Each request is one sequence on the batcher, released when the request ends, normally or not (a client
+that goes away mid-stream frees its slot at once). Concurrent requests over one prompt prefill it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from crucible.agent.toolcalls import ToolCallGrammar
+from crucible.model.batcher import BatcherError, ContinuousBatcher
+from crucible.model.transformer import Transformer
+
+
+class RequestError(ValueError):
+    """What the client asked for cannot be served (the message says why): a 400, never a 5xx."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int | None = None  # None: up to the context
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    top_logprobs: int = 0  # alternatives reported per token
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class Sampled:
+    token: int
+    logprob: float
+    top: list[tuple[int, float]]
+    version: int
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # "stop" (end of turn), "length" (max_tokens or the context)
+
+
+@dataclass(eq=False)
+class _Sequence:
+    tokens: list[int]
+    fed: int = 0
+    routes: list = field(default_factory=list)
+
+
+class ServingEngine:
+    """One model (with its tokenizer) behind a continuous batcher."""
+
+    def __init__(
+        self,
+        *,
+        model: Transformer,
+        tokenizer: Any,
+        name: str,
+        version: int = 0,
+        max_context: int | None = None,
+        max_sequences: int = 64,
+        prefill_chunk: int = 256,
+    ) -> None:
+        if tokenizer is None or tokenizer.eos_token_id is None:
+            raise ValueError("serving needs the model's own tokenizer, with an end-of-turn (eos) token")
+        self.name = name
+        self.tokenizer = tokenizer
+        self.vocab_size = model.cfg.vocab_size
+        self.max_context = min(max_context or model.cfg.max_seq_len, model.cfg.max_seq_len)
+        self.batcher = ContinuousBatcher(
+            max_context=self.max_context, max_slots=max_sequences, prefill_chunk=prefill_chunk
+        )
+        self.batcher.swap(model, version)
+        self._grammars: OrderedDict[str, ToolCallGrammar] = OrderedDict()
+
+    @classmethod
+    def from_source(cls, source: str, *, precision: str = "fp32", **kwargs: Any) -> ServingEngine:
+        """A model source as a run names it (crucible.model.sources): a checkpoint directory, a GGUF file,
+        a packaged checkpoint. Presets have no tokenizer of their own and cannot be served."""
+        from crucible.model.sources import initial_model, load_tokenizer
+
+        tokenizer = load_tokenizer(source)
+        if tokenizer is None:
+            raise ValueError(
+                f"{source!r} is a preset: it speaks the byte-level format and has no chat template to serve"
+            )
+        model = initial_model(source, seed=0, precision=precision).eval().requires_grad_(False)
+        return cls(model=model, tokenizer=tokenizer, name=kwargs.pop("name", source), **kwargs)
+
+    @property
+    def version(self) -> int:
+        return self.batcher.version
+
+    def swap(self, model: Transformer, version: int) -> None:
+        """New weights for the next decode step; sequences in flight go on (their tokens say which made them)."""
+        self.batcher.swap(model, version)
+
+    def close(self) -> None:
+        self.batcher.close()
+
+    def tool_grammar(self, tools: list[dict[str, Any]]) -> ToolCallGrammar:
+        """The grammar of one call to one of `tools` (compiled once per tool set, a few kept)."""
+        key = json.dumps(tools, sort_keys=True)
+        grammar = self._grammars.get(key)
+        if grammar is None:
+            try:
+                grammar = ToolCallGrammar(self.tokenizer, tools=tools, vocab_size=self.vocab_size)
+            except Exception as exc:  # a schema llguidance cannot compile is the client's
+                raise RequestError(
+                    f"the tools' JSON schemas cannot be compiled: {exc}", param="tools"
+                ) from None
+            self._grammars[key] = grammar
+            if len(self._grammars) > 16:
+                self._grammars.popitem(last=False)
+        self._grammars.move_to_end(key)
+        return grammar
+
+    def check_prompt(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise RequestError("the prompt is empty", param="prompt")
+        if len(prompt) >= self.max_context:
+            raise RequestError(
+                f"the prompt is {len(prompt)} tokens; this model's context is {self.max_context}",
+                param="messages",
+            )
+        if any(not 0 <= t < self.vocab_size for t in prompt):
+            raise RequestError(f"token ids must be in [0, {self.vocab_size})", param="prompt")
+
+    async def generate(
+        self, prompt: list[int], params: SamplingParams, *, grammar: ToolCallGrammar | None = None
+    ) -> AsyncIterator[Sampled | Finished]:
+        """Every token as it is sampled, then how the completion ended. Leaving the iteration early
+        (a stop string, a client gone) releases the sequence."""
+        self.check_prompt(prompt)
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue = asyncio.Queue()
+        sequence = _Sequence(list(prompt))
+        limit = min(self.max_context, len(prompt) + (params.max_tokens or self.max_context))
+        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(8), "little") >> 1
+        generator = torch.Generator().manual_seed(seed)
+        matcher = grammar.matcher() if grammar is not None else None
+        eos = self.tokenizer.eos_token_id
+
+        def choose(logits: torch.Tensor, version: int) -> bool:
+            allowed = grammar.allowed(matcher) if grammar is not None else None
+            logp = distribution(logits, params, allowed)
+            if params.temperature == 0:
+                token = int(torch.argmax(logp))
+            else:
+                token = int(torch.multinomial(logp.exp(), 1, generator=generator))
+            top = []
+            if params.top_logprobs:
+                values, ids = torch.topk(logp, min(params.top_logprobs, logp.numel()))
+                top = [(int(i), float(v)) for i, v in zip(ids, values) if v > float("-inf")]
+            sequence.tokens.append(token)
+            loop.call_soon_threadsafe(events.put_nowait, Sampled(token, float(logp[token]), top, version))
+            if token == eos:
+                loop.call_soon_threadsafe(events.put_nowait, Finished("stop"))
+                return True
+            if grammar is not None:
+                grammar.advance(matcher, token)
+            if len(sequence.tokens) >= limit:
+                loop.call_soon_threadsafe(events.put_nowait, Finished("length"))
+                return True
+            return False
+
+        def ended(future) -> None:  # the batcher's future resolves to None or to the error that ended it
+            error = future.result()
+            if error is not None:
+                loop.call_soon_threadsafe(events.put_nowait, error)
+
+        try:
+            self.batcher.submit(sequence, choose).add_done_callback(ended)
+        except BatcherError as exc:
+            raise RequestError(str(exc)) from None
+        try:
+            while True:
+                event = await events.get()
+                if isinstance(event, BaseException):
+                    raise RuntimeError(f"generation failed: {event}") from event
+                yield event
+                if isinstance(event, Finished):
+                    return
+        finally:
+            self.batcher.release(sequence)
+
+
+def distribution(logits: torch.Tensor, params: SamplingParams, allowed: torch.Tensor | None) -> torch.Tensor:
+    """fp32 log-probabilities of the distribution the next token is drawn from."""
+    scores = logits.float()
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, float("-inf"))
+    if params.temperature == 0:
+        return torch.log_softmax(scores, dim=-1)
+    logp = torch.log_softmax(scores / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_logp, order = torch.sort(logp, descending=True)
+        before = torch.cumsum(sorted_logp.exp(), dim=-1) - sorted_logp.exp()  # mass of the tokens ahead
+        drop = torch.zeros_like(logp, dtype=torch.bool).scatter(0, order, before >= params.top_p)
+        logp = torch.log_softmax(logp.masked_fill(drop, float("-inf")), dim=-1)
+    return logp
