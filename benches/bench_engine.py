@@ -79,7 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--group", type=int, default=8, help="episodes per group (G)")
     parser.add_argument("--prompt", type=int, default=32, help="tokens of each decode prompt")
-    parser.add_argument("--new", type=int, default=32, help="greedy tokens per episode")
+    parser.add_argument("--new", type=int, default=64, help="greedy tokens per episode")
     parser.add_argument("--shared", type=int, default=1024, help="tokens of the shared prompt")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)

@@ -11,6 +11,7 @@ from crucible.contracts.messages import EvalRequest, RunCreated, WeightsAnnounce
 from crucible.runtime import Runtime
 from services.rollout.admission import budget_spent
 from services.rollout.evaluation import handle_eval_request
+from services.rollout.harness import Episodes, episodes_app
 from services.rollout.settings import Settings
 from services.rollout.worker import RunWorker, run_finished
 
@@ -19,6 +20,12 @@ async def setup(rt: Runtime[Settings]) -> None:
     settings = rt.settings
     torch.set_num_threads(settings.torch_threads)
     workers: dict[str, RunWorker] = {}
+    episodes = Episodes()
+    port = await rt.serve_http(
+        episodes_app(episodes), host=settings.episodes_host, port=settings.episodes_port, name="episodes"
+    )
+    reachable = "127.0.0.1" if settings.episodes_host in ("0.0.0.0", "") else settings.episodes_host
+    episodes.url = f"http://{reachable}:{port}"  # the harnesses run beside the replica
 
     async def on_announced(announced: WeightsAnnounced) -> None:
         worker = workers.get(announced.run_id)
@@ -31,7 +38,9 @@ async def setup(rt: Runtime[Settings]) -> None:
                 redis=rt.redis, run_id=announced.run_id, config=created.config
             ):
                 return
-            worker = workers[announced.run_id] = RunWorker(rt=rt, run_id=announced.run_id, config=created.config)
+            worker = workers[announced.run_id] = RunWorker(
+                rt=rt, run_id=announced.run_id, config=created.config, episodes=episodes
+            )
             rt.spawn(work(worker), name=f"run-{announced.run_id}")
             rt.log.info("joined run", run_id=announced.run_id)
         await worker.on_announced(announced)

@@ -15,4 +15,15 @@ class Settings(CommonSettings):
     """Episodes one run's engine decodes together (KV cache slots, allocated as they are needed); more
     wait for a slot."""
     prefill_chunk: int = Field(default=256, ge=16)
-    """Tokens of one sequence's prefill per engine step, so a long observation never stalls the others."""
+    """Tokens prefilled per engine step (a chunk of one sequence, or of several as long), so a long
+    observation never stalls the others."""
+    episodes_host: str = "127.0.0.1"
+    """Where the episodes endpoint that agent harnesses drive (services.rollout.harness) listens."""
+    episodes_port: int = Field(default=0, ge=0, le=65535)
+    """Its port (0: a free one)."""
+    harness_command: list[str] = Field(default_factory=list)
+    """The agent harness a run with agent.driver = "harness" gets, started once per episode with
+    OPENAI_BASE_URL and CRUCIBLE_EPISODE_URL set; empty: Crucible's reference harness
+    (python -m crucible.agent.harness). An operator's choice, never a run's."""
+    harness_timeout_s: float = Field(default=900.0, gt=0)
+    """An episode's harness still running after this is killed; the episode ends with "timeout"."""

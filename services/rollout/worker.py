@@ -20,6 +20,7 @@ from crucible.contracts.runconfig import RunConfig
 from crucible.runtime import Runtime
 from services.rollout.admission import budget_spent, release, try_admit
 from services.rollout.engine import PolicyEngine
+from services.rollout.harness import Episodes, run_harness_episode
 from services.rollout.metrics import EPISODES, TOKENS, VERSION
 from services.rollout.settings import Settings
 
@@ -34,8 +35,9 @@ async def run_finished(*, bus: Bus, run_id: str) -> bool:
 class RunWorker:
     """Everything one replica does for one run."""
 
-    def __init__(self, *, rt: Runtime[Settings], run_id: str, config: RunConfig) -> None:
+    def __init__(self, *, rt: Runtime[Settings], run_id: str, config: RunConfig, episodes: Episodes) -> None:
         self.rt = rt
+        self.episodes_endpoint = episodes
         self.settings = rt.settings
         self.run_id = run_id
         self.config = config
@@ -164,18 +166,27 @@ class RunWorker:
             return await prepared.fork(self.config.schedule.group_size, ttl_s=SANDBOX_TTL_S)
 
     async def _episode(self, task, group_id: str, seed: int, session: SandboxSession) -> Trajectory:
+        episode = dict(
+            engine=self.engine,
+            config=self.config,
+            task=task,
+            session=session,
+            run_id=self.run_id,
+            group_id=group_id,
+            seed=self.config.seed * 7919 + seed,
+            replica=self.settings.replica,
+            tool_timeout_s=self.settings.tool_timeout_s,
+        )
         async with session:
-            trajectory = await run_episode(
-                engine=self.engine,
-                config=self.config,
-                task=task,
-                session=session,
-                run_id=self.run_id,
-                group_id=group_id,
-                seed=self.config.seed * 7919 + seed,
-                replica=self.settings.replica,
-                tool_timeout_s=self.settings.tool_timeout_s,
-            )
+            if self.config.agent.driver == "harness":
+                trajectory = await run_harness_episode(
+                    episodes=self.episodes_endpoint,
+                    command=self.settings.harness_command,
+                    timeout_s=self.settings.harness_timeout_s,
+                    **episode,
+                )
+            else:
+                trajectory = await run_episode(**episode)
         EPISODES.labels(self.run_id, trajectory.finish_reason).inc()
         n = len(trajectory.tokens) // 4
         TOKENS.labels(self.run_id).inc(n)

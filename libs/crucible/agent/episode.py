@@ -151,8 +151,6 @@ async def run_episode(
         await engine.finish(state)
     finally:
         engine.release(state)
-    diff = await session.diff()
-    token_text = [] if engine.tokenizer is None else engine.tokenizer.batch_decode([[t] for t in state.tokens])
     return Trajectory(
         run_id=run_id,
         trajectory_id=trajectory_id or uuid.uuid4().hex,
@@ -160,14 +158,19 @@ async def run_episode(
         task_id=task.task_id,
         taskset=task.taskset,
         **packed_arrays(state),
-        token_text=token_text,
+        token_text=token_texts(engine.tokenizer, state),
         tool_calls=calls,
-        final_diff=diff,
+        final_diff=await session.diff(),
         finish_reason=finish,
         rollout_replica=replica,
         started_at=started,
         finished_at=time.time(),
     )
+
+
+def token_texts(tokenizer: Any, state: EpisodeState) -> list[str]:
+    """Each token's text, for the transcript (none for the byte-level format, which is its own text)."""
+    return [] if tokenizer is None else tokenizer.batch_decode([[t] for t in state.tokens])
 
 
 async def _byte_turns(engine, config, task, session, state, generator, tool_timeout_s) -> tuple[list[ToolCall], str]:

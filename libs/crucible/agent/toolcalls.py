@@ -207,8 +207,19 @@ def after_action(tokenizer: Any, messages: list[dict[str, str]], *, tools: list[
     with that action and the tool's result: the rest of the template up to the next assistant turn."""
     if len(messages) < 2 or messages[-2]["role"] != "assistant" or messages[-1]["role"] != "tool":
         raise ValueError("messages must end with the assistant's action and the tool's result")
+    return after_turn(tokenizer, messages[:-1], messages, tools=tools)
+
+
+def after_turn(
+    tokenizer: Any, history: list[dict[str, str]], messages: list[dict[str, str]], *, tools: list[dict[str, Any]] = TOOLS
+) -> list[int]:
+    """Token ids that follow the end-of-turn token closing `history` (which ends with an assistant turn),
+    when the conversation goes on to `messages`: the template's rendering of the new messages, up to
+    the next assistant turn."""
+    if messages[: len(history)] != history or not history or history[-1]["role"] != "assistant":
+        raise ToolCallError("the conversation must extend the history, which ends with the assistant's turn")
     full = render_text(tokenizer, messages, tools=tools)
-    before = render_text(tokenizer, messages[:-1], tools=tools, generation=False)
+    before = render_text(tokenizer, history, tools=tools, generation=False)
     cut = before.rfind(tokenizer.eos_token)
     if cut < 0 or not full.startswith(before[: cut + len(tokenizer.eos_token)]):
         raise ToolCallError("the chat template does not extend a conversation by appending to it")

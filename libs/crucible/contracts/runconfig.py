@@ -67,6 +67,11 @@ class AgentSection(Section):
     """Bytes of a tool's output that the policy sees (the rest is cut)."""
     temperature: float = Field(default=1.0, gt=0, le=10)
     """Sampling temperature; the trainer computes its logprobs at the same temperature."""
+    driver: Literal["builtin", "harness"] = "builtin"
+    """Who runs the episode's turns: Crucible's own agent loop, or an agent harness (a separate program,
+    the rollout's `harness_command`) that drives the policy through the replica's OpenAI-compatible
+    endpoint and acts through its tool endpoint; the rollout records the conversation token for token
+    as the trajectory. A harness needs a model with its own chat template (not a preset)."""
 
 
 class OptimSection(Section):
@@ -223,6 +228,11 @@ class RunConfig(Section):
             raise ValueError("schedule.max_steps = 0 trains nothing unless sft.steps > 0")
         if self.sft.steps and not (self.sft.tasks or self.sft.imported):
             raise ValueError("sft.steps > 0 needs demonstrations: sft.tasks > 0 or sft.imported")
+        if self.agent.driver == "harness" and self.model.source in PRESETS:
+            raise ValueError(
+                f"agent.driver = 'harness' needs a model with its own chat template; the preset "
+                f"{self.model.source!r} speaks the byte-level format"
+            )
         return self
 
     @model_validator(mode="before")

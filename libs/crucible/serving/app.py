@@ -32,16 +32,7 @@ from crucible.serving.protocol import ChatCompletionRequest, CompletionRequest, 
 
 def create_app(engine: ServingEngine) -> FastAPI:
     app = FastAPI(title="Crucible OpenAI-compatible API", version="1")
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:])  # never the input: it may be huge
-        return _error(f"{where}: {first.get('msg', 'invalid request')}"[:1000], param=where or None)
-
-    @app.exception_handler(RequestError)
-    async def refused(request: Request, exc: RequestError) -> JSONResponse:
-        return _error(str(exc), param=exc.param)
+    openai_errors(app)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -108,6 +99,20 @@ def create_app(engine: ServingEngine) -> FastAPI:
     return app
 
 
+def openai_errors(app: FastAPI) -> None:
+    """Bad requests answered as the OpenAI API does: a 400 with {"error": {"message", "param", ...}}."""
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:])  # never the input: it may be huge
+        return _error(f"{where}: {first.get('msg', 'invalid request')}"[:1000], param=where or None)
+
+    @app.exception_handler(RequestError)
+    async def refused(request: Request, exc: RequestError) -> JSONResponse:
+        return _error(str(exc), param=exc.param)
+
+
 def _error(message: str, *, param: str | None = None, status: int = 400) -> JSONResponse:
     return JSONResponse(
         status_code=status,
@@ -149,7 +154,7 @@ def _chat_prompt(
                 f"tool_choice names {choice.function.name!r}, which is not among the tools",
                 param="tool_choice",
             )
-    messages = [_template_message(i, m) for i, m in enumerate(body.messages)]
+    messages = [template_message(i, m) for i, m in enumerate(body.messages)]
     try:
         text = render_text(engine.tokenizer, messages, tools=tools)
     except ToolCallError as exc:
@@ -160,7 +165,7 @@ def _chat_prompt(
     return prompt, grammar, callable_tools
 
 
-def _template_message(index: int, message: Message) -> dict[str, str]:
+def template_message(index: int, message: Message) -> dict[str, str]:
     """An API message as the chat template takes it: text content, assistant tool calls in the
     `<tool_call>` format the model writes them in."""
     content = message.content
@@ -277,11 +282,12 @@ def parse_tool_calls(text: str, tools: list[dict]) -> tuple[str | None, list[dic
             return None
         if not closed or name not in names or not isinstance(arguments, dict):
             return None
-        calls.append(_tool_call(name, arguments))
+        calls.append(tool_call(name, arguments))
     return head.strip() or None, calls
 
 
-def _tool_call(name: str, arguments: dict) -> dict:
+def tool_call(name: str, arguments: dict) -> dict:
+    """A tool call as the API returns it."""
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
@@ -301,7 +307,7 @@ def _chat_outcome(
     ):
         try:
             name, arguments = grammar.parse(job.text)
-            return None, [_tool_call(name, arguments)], "tool_calls"
+            return None, [tool_call(name, arguments)], "tool_calls"
         except ToolCallError:  # cut by a stop string: the text stays text
             pass
     parsed = parse_tool_calls(job.text, tools) if tools and grammar is None else None
