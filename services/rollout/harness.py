@@ -23,7 +23,6 @@ import os
 import secrets
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,13 +30,13 @@ import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from crucible.agent.episode import CHAT_SYSTEM_PROMPT, CONTEXT_RESERVE, packed_arrays, token_texts
+from crucible.agent.episode import CHAT_SYSTEM_PROMPT, CONTEXT_RESERVE, episode_trajectory
 from crucible.agent.toolcalls import TOOLS, ToolCallError, after_turn, render_prompt
 from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import TaskSpec, ToolCall, Trajectory
 from crucible.contracts.runconfig import RunConfig
-from crucible.serving.app import openai_errors, template_message, tool_call
-from crucible.serving.engine import RequestError
+from crucible.serving.app import chat_logprobs, openai_errors, template_message, tool_call
+from crucible.serving.engine import RequestError, Sampled
 from crucible.serving.protocol import ChatCompletionRequest, Message
 from services.rollout.engine import PolicyEngine
 
@@ -123,7 +122,7 @@ class HarnessEpisode:
                     {
                         "index": 0,
                         "message": reply,
-                        "logprobs": None,
+                        "logprobs": self._logprobs(start) if body.logprobs else None,
                         "finish_reason": finish,
                         "prompt_token_ids": self.state.tokens[:start],
                         "token_ids": tokens,
@@ -132,6 +131,13 @@ class HarnessEpisode:
                 ],
                 "usage": {"prompt_tokens": start, "completion_tokens": len(tokens), "total_tokens": len(self.state)},
             }
+
+    def _logprobs(self, start: int) -> dict[str, list]:
+        """The action's tokens with the logprobs recorded for training (no alternatives: the rollout
+        keeps none)."""
+        state = self.state
+        sampled = [Sampled(t, lp, [], v) for t, lp, v in zip(state.tokens[start:], state.logprobs[start:], state.versions[start:])]
+        return chat_logprobs(self.engine.tokenizer, sampled)
 
     def _check(self, body: ChatCompletionRequest) -> None:
         if self.over:
@@ -257,18 +263,7 @@ async def run_harness_episode(
     finally:
         episodes.live.pop(episode.id, None)
         engine.release(episode.state)
-    return Trajectory(
-        run_id=run_id,
-        trajectory_id=uuid.uuid4().hex,  # not the episode's id, which was a credential while it lived
-        group_id=group_id,
-        task_id=task.task_id,
-        taskset=task.taskset,
-        **packed_arrays(episode.state),
-        token_text=token_texts(engine.tokenizer, episode.state),
-        tool_calls=episode.calls,
-        final_diff=await session.diff(),
-        finish_reason=episode.finish,
-        rollout_replica=replica,
-        started_at=started,
-        finished_at=time.time(),
-    )
+    return episode_trajectory(
+        tokenizer=engine.tokenizer, state=episode.state, task=task, run_id=run_id, group_id=group_id,
+        calls=episode.calls, finish=episode.finish, diff=await session.diff(), replica=replica, started=started,
+    )  # a trajectory id of its own: the episode's was a credential while it lived

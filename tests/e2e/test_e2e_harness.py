@@ -6,11 +6,10 @@ its replayed grammar giving exactly the sampler's logprobs."""
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
 from chat_model import save_chat_model
+from run_wait import wait_until_ended
 
 from crucible.localstack import LocalStack
 
@@ -30,13 +29,7 @@ def test_a_harness_drives_episodes_that_are_graded_and_trained_on(tmp_path) -> N
         created = client.post("/v1/runs", json={"name": "harness", "config": config})
         assert created.status_code == 201, created.text
         run_id = created.json()["run_id"]
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            assert not stack.poll(), f"services exited: {stack.poll()}"
-            run = client.get(f"/v1/runs/{run_id}").json()
-            if run["status"] in ("finished", "failed"):
-                break
-            time.sleep(1)
+        run = wait_until_ended(stack, client, run_id, timeout=600)
         assert run["status"] == "finished", run
         trajectories = client.get(f"/v1/runs/{run_id}/trajectories", params={"limit": 100}).json()["items"]
         steps = client.get(f"/v1/runs/{run_id}/steps").json()["items"]

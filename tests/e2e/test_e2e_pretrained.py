@@ -4,10 +4,9 @@ under the grammar, the grader grades, the trainer replays the grammar and trains
 
 from __future__ import annotations
 
-import time
-
 import httpx
 import pytest
+from run_wait import wait_until_ended
 
 from crucible.localstack import LocalStack
 
@@ -27,13 +26,7 @@ def test_a_pretrained_model_trains_publishes_and_rolls_out(tmp_path) -> None:
         created = client.post("/v1/runs", json={"name": "smollm2", "config": CONFIG})
         assert created.status_code == 201, created.text
         run_id = created.json()["run_id"]
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            assert not stack.poll(), f"services exited: {stack.poll()}"
-            run = client.get(f"/v1/runs/{run_id}").json()
-            if run["status"] in ("finished", "failed"):
-                break
-            time.sleep(2)
+        run = wait_until_ended(stack, client, run_id, timeout=900)
         assert run["status"] == "finished", run
         trajectories = client.get(f"/v1/runs/{run_id}/trajectories", params={"limit": 100}).json()["items"]
         steps = client.get(f"/v1/runs/{run_id}/steps").json()["items"]

@@ -151,6 +151,18 @@ async def run_episode(
         await engine.finish(state)
     finally:
         engine.release(state)
+    return episode_trajectory(
+        tokenizer=engine.tokenizer, state=state, task=task, run_id=run_id, group_id=group_id, calls=calls,
+        finish=finish, diff=await session.diff(), replica=replica, started=started, trajectory_id=trajectory_id,
+    )  # fmt: skip
+
+
+def episode_trajectory(
+    *, tokenizer: Any, state: EpisodeState, task: TaskSpec, run_id: str, group_id: str, calls: list[ToolCall],
+    finish: str, diff: str, replica: str, started: float, trajectory_id: str | None = None,
+) -> Trajectory:  # fmt: skip
+    """The trajectory of a finished episode: its context with every token's record, its tool calls,
+    the repository's diff."""
     return Trajectory(
         run_id=run_id,
         trajectory_id=trajectory_id or uuid.uuid4().hex,
@@ -158,19 +170,14 @@ async def run_episode(
         task_id=task.task_id,
         taskset=task.taskset,
         **packed_arrays(state),
-        token_text=token_texts(engine.tokenizer, state),
+        token_text=[] if tokenizer is None else tokenizer.batch_decode([[t] for t in state.tokens]),
         tool_calls=calls,
-        final_diff=await session.diff(),
+        final_diff=diff,
         finish_reason=finish,
         rollout_replica=replica,
         started_at=started,
         finished_at=time.time(),
     )
-
-
-def token_texts(tokenizer: Any, state: EpisodeState) -> list[str]:
-    """Each token's text, for the transcript (none for the byte-level format, which is its own text)."""
-    return [] if tokenizer is None else tokenizer.batch_decode([[t] for t in state.tokens])
 
 
 async def _byte_turns(engine, config, task, session, state, generator, tool_timeout_s) -> tuple[list[ToolCall], str]:

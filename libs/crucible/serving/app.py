@@ -358,13 +358,15 @@ def _extensions(sampled: list[Sampled]) -> dict[str, list[int]]:
     return {"token_ids": [s.token for s in sampled], "policy_versions": [s.version for s in sampled]}
 
 
-def _piece(engine: ServingEngine, token: int) -> str:
-    return engine.tokenizer.decode([token])
+def _piece(tokenizer: Any, token: int) -> str:
+    return tokenizer.decode([token])
 
 
-def _chat_logprobs(engine: ServingEngine, sampled: list[Sampled]) -> dict[str, list]:
+def chat_logprobs(tokenizer: Any, sampled: list[Sampled]) -> dict[str, list]:
+    """A chat choice's `logprobs`: per token its text, logprob, bytes and alternatives."""
+
     def entry(token: int, logprob: float) -> dict:
-        text = _piece(engine, token)
+        text = _piece(tokenizer, token)
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
 
     return {
@@ -375,7 +377,7 @@ def _chat_logprobs(engine: ServingEngine, sampled: list[Sampled]) -> dict[str, l
 
 
 def _completion_logprobs(engine: ServingEngine, sampled: list[Sampled], offset: int = 0) -> dict[str, list]:
-    tokens = [_piece(engine, s.token) for s in sampled]
+    tokens = [_piece(engine.tokenizer, s.token) for s in sampled]
     offsets, at = [], offset
     for token in tokens:
         offsets.append(at)
@@ -383,7 +385,7 @@ def _completion_logprobs(engine: ServingEngine, sampled: list[Sampled], offset: 
     return {
         "tokens": tokens,
         "token_logprobs": [s.logprob for s in sampled],
-        "top_logprobs": [{_piece(engine, t): lp for t, lp in s.top} for s in sampled],
+        "top_logprobs": [{_piece(engine.tokenizer, t): lp for t, lp in s.top} for s in sampled],
         "text_offset": offsets,
     }
 
@@ -396,7 +398,7 @@ def _chat_choice(engine, index, job, grammar, tools, logprobs) -> dict:
     return {
         "index": index,
         "message": message,
-        "logprobs": _chat_logprobs(engine, job.sampled) if logprobs else None,
+        "logprobs": chat_logprobs(engine.tokenizer, job.sampled) if logprobs else None,
         "finish_reason": finish,
         "prompt_token_ids": job.prompt,
         **_extensions(job.sampled),
@@ -475,7 +477,7 @@ async def _stream_chat(reply, jobs, grammar, tools, logprobs, usage) -> AsyncIte
             text = "" if grammar is not None else delta.text
             chunk = {
                 "index": i, "delta": {"content": text},
-                "logprobs": _chat_logprobs(engine, delta.sampled) if logprobs else None,
+                "logprobs": chat_logprobs(engine.tokenizer, delta.sampled) if logprobs else None,
                 "finish_reason": None, **_extensions(delta.sampled),
             }  # fmt: skip
             yield reply.body([chunk], chunk=True)

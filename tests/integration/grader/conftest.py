@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from crucible.bus import Bus
 from crucible.db.migrate import upgrade_async
 from crucible.localstack.servers import start_nats
-from crucible.objectstore import ObjectStore
 from crucible.runtime import running
 from services.catalog.app import setup as catalog_setup
 from services.catalog.settings import Settings as CatalogSettings
@@ -50,18 +48,3 @@ def grader_settings(common_settings, request):
 async def grader(grader_settings, sandbox, catalog):
     async with running("grader", grader_settings, grader_setup) as rt:
         yield rt
-
-
-@pytest.fixture
-async def store(common_settings):
-    store = ObjectStore.from_settings(common_settings())
-    await store.ensure_bucket()
-    return store
-
-
-@pytest.fixture
-async def bus(common_settings, store):
-    bus = await Bus.connect(common_settings(), store=store, name="test-client")
-    await bus.ensure_streams()
-    yield bus
-    await bus.close()

@@ -19,32 +19,16 @@ from chat_model import save_chat_model
 from crucible.agent import grammar
 from crucible.agent.episode import CHAT_SYSTEM_PROMPT
 from crucible.agent.toolcalls import TOOLS, render_prompt
-from crucible.bus import Bus
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts.messages import TaskSpec
 from crucible.contracts.runconfig import RunConfig
 from crucible.model import ModelOutput
 from crucible.model.hf import load_pretrained
-from crucible.objectstore import ObjectStore
 from services.rollout.engine import PolicyEngine
 from services.rollout.harness import Episodes, HarnessEpisode, episodes_app
 
 pytestmark = pytest.mark.integration
 REPO = {"calc/__init__.py": "", "calc/ops.py": "def add(a, b):\n    return a - b\n"}
-
-
-@pytest.fixture
-async def store(common_settings):
-    store = ObjectStore.from_settings(common_settings())
-    await store.ensure_bucket()
-    return store
-
-
-@pytest.fixture
-async def bus(common_settings, store):
-    bus = await Bus.connect(common_settings(), store=store, name="test-client")
-    yield bus
-    await bus.close()
 
 
 def _tar_gz(files: dict[str, str]) -> bytes:
@@ -95,13 +79,16 @@ async def test_a_harness_turn_is_recorded_token_for_token_and_bad_requests_are_r
         messages = [{"role": "system", "content": described["system_prompt"]}, {"role": "user", "content": "Fix add()."}]
         with pytest.raises(openai.BadRequestError, match="the run's"):
             await client.chat.completions.create(model="m", messages=messages, tools=TOOLS[:2])
-        first = await client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="required")
+        first = await client.chat.completions.create(
+            model="m", messages=messages, tools=TOOLS, tool_choice="required", logprobs=True
+        )
         choice = first.choices[0]
         assert choice.finish_reason == "tool_calls", choice
         (call,) = choice.message.tool_calls
         prompt, action = choice.model_extra["prompt_token_ids"], choice.model_extra["token_ids"]
         assert prompt == render_prompt(tokenizer, messages) and assert_sampled(episode, len(prompt), action)
         assert described["system_prompt"] == CHAT_SYSTEM_PROMPT
+        assert [e.logprob for e in choice.logprobs.content] == episode.state.logprobs[len(prompt) :]
         # the policy's call must run first, and only as the policy made it
         with pytest.raises(openai.BadRequestError, match="first"):
             await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
