@@ -81,7 +81,8 @@ def create_app(engine: ServingEngine) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatCompletionRequest):
-        prompt, grammar, tools = _chat_prompt(engine, body)
+        # rendering and a first compile of the tools' grammar take a while: off the event loop
+        prompt, grammar, tools = await asyncio.to_thread(_chat_prompt, engine, body)
         engine.check_prompt(prompt)
         params = SamplingParams(
             max_tokens=body.max_completion_tokens or body.max_tokens, temperature=body.temperature,
