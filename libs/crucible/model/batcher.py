@@ -16,7 +16,8 @@ and says whether it is done. Sequences join and leave between steps; each step i
    one chunk and a group's distinct prompts prefill together.
 
 The cache (`SlotCache`) holds one slot per resident sequence, kept between a sequence's turns (an
-episode's KV cache survives its tool calls) until `release`. Weights swap between steps: `swap` hands a
+episode's KV cache survives its tool calls) until `release`. A released slot keeps its cache until a slot
+is needed: a new sequence that begins with its tokens takes it over (an API client's next turn). Weights swap between steps: `swap` hands a
 new (model, version) that the next step uses; a sequence resident across a swap keeps its cache, as an
 episode spanning a swap does in asynchronous RL, and every sampled token carries the version that made it.
 """
@@ -24,6 +25,7 @@ episode spanning a swap does in asynchronous RL, and every sampled token carries
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -55,6 +57,15 @@ class _Resident:
     sequence: Any
     slot: int
     version: int  # the weights that computed the slot's first position (-1: empty)
+
+
+@dataclass(frozen=True)
+class _Kept:
+    """What a released slot still holds: the keys and values of these tokens, by these weights."""
+
+    tokens: list[int]
+    routes: list
+    version: int
 
 
 @dataclass(eq=False)
@@ -94,6 +105,7 @@ class ContinuousBatcher:
         self._cache: SlotCache | None = None
         self._residents: dict[int, _Resident] = {}  # id(sequence) -> resident
         self._free: list[int] = []
+        self._kept: OrderedDict[int, _Kept] = OrderedDict()  # released slots whose cache is kept, oldest first
         self._queue: list[_Request] = []  # in arrival order
         self._cond = threading.Condition()
         self._closed = False
@@ -150,7 +162,9 @@ class ContinuousBatcher:
             raise error
 
     def release(self, sequence: Sequence) -> None:
-        """Free the sequence's slot (its cache is forgotten); a no-op for one never submitted."""
+        """Give the sequence's slot back; a no-op for one never submitted. The slot's cache is kept until
+        the slot is needed, and a later sequence that begins with the same tokens takes it over (a
+        client's next turn continues its conversation's cache instead of prefilling it again)."""
         with self._cond:
             resident = self._residents.pop(id(sequence), None)
             if resident is None:
@@ -158,7 +172,13 @@ class ContinuousBatcher:
             for request in [r for r in self._queue if r.resident is resident]:
                 self._queue.remove(request)
                 request.future.set_result(BatcherError("the sequence was released mid-request"))
-            if resident.slot >= 0:
+            if resident.slot < 0:
+                return
+            fed = resident.sequence.fed
+            if fed and resident.version >= 0:
+                routes = list(resident.sequence.routes[:fed])
+                self._kept[resident.slot] = _Kept(list(resident.sequence.tokens[:fed]), routes, resident.version)
+            else:
                 self._free.append(resident.slot)  # `_place` empties it for its next sequence
 
     def close(self) -> None:
@@ -229,6 +249,10 @@ class ContinuousBatcher:
             return True
         assert self._model is not None
         with self._cond:
+            if self._adopt(resident):
+                return True
+            if not self._free and self._kept:  # the oldest kept cache goes before the cache grows
+                self._free.append(self._kept.popitem(last=False)[0])
             if not self._free:
                 size = 0 if self._cache is None else self._cache.slots
                 if size >= self.max_slots:
@@ -242,6 +266,27 @@ class ContinuousBatcher:
             resident.slot = self._free.pop()
             self._cache.lengths[resident.slot] = 0  # type: ignore[union-attr]
         resident.version = -1
+        return True
+
+    def _adopt(self, resident: _Resident) -> bool:
+        """Take over the kept slot with the longest common prefix (at least `min_shared_prefix` tokens,
+        computed by the current weights): its cache up to there is the sequence's."""
+        sequence = resident.sequence
+        best, slot = self.min_shared_prefix - 1, None
+        for kept_slot, kept in self._kept.items():
+            if kept.version != self._version:
+                continue
+            n = _common_prefix(sequence.tokens, kept.tokens, min(len(sequence.tokens) - 1, len(kept.tokens)))
+            if n > best:
+                best, slot = n, kept_slot
+        if slot is None:
+            return False
+        kept = self._kept.pop(slot)
+        resident.slot, resident.version = slot, kept.version
+        self._cache.lengths[slot] = best  # type: ignore[union-attr]
+        sequence.fed = best
+        sequence.routes[:] = kept.routes[:best]
+        self.stats.shared_tokens += best
         return True
 
     def _check(self, request: _Request) -> bool:

@@ -4,7 +4,8 @@ drawn from (temperature, top-p and grammar applied; a greedy token's is under th
 distribution at temperature 1) and the version of the weights that made it.
 
 Each request is one sequence on the batcher, released when the request ends, normally or not (a client
-that goes away mid-stream frees its slot at once). Concurrent requests over one prompt prefill it once.
+that goes away mid-stream frees its slot at once). Concurrent requests over one prompt prefill it once,
+and a conversation's next request continues the cache its last one left, while the slot is not needed.
 """
 
 from __future__ import annotations

@@ -115,6 +115,37 @@ def test_a_shared_prompt_is_prefilled_once(model):
     batcher.close()
 
 
+def test_a_next_turn_continues_the_released_cache_and_a_swap_forgets_it(model):
+    """A conversation's next request (its history + new tokens) takes over the slot its last request left,
+    computing only the new tokens, with exactly the outputs of a fresh start; after a swap it starts over."""
+    batcher = ContinuousBatcher(max_context=256, max_slots=2, prefill_chunk=32)
+    batcher.swap(model, 0)
+    first = Seq(list(range(1, 41)))
+    batcher.run(first, greedy(first, 5))
+    batcher.release(first)
+    computed = batcher.stats.prefill_tokens
+    turn = [*first.tokens, 60, 61, 62]
+    second = Seq(turn)
+    batcher.run(second, greedy(second, 6))
+    assert batcher.stats.prefill_tokens - computed == len(turn) - (len(first.tokens) - 1)  # the new ones only
+    assert second.routes[: len(first.routes)] == first.routes
+    fresh = ContinuousBatcher(max_context=256, max_slots=1, prefill_chunk=32)
+    fresh.swap(model, 0)
+    alone = Seq(turn)
+    fresh.run(alone, greedy(alone, 6))
+    fresh.close()
+    assert second.tokens == alone.tokens and second.routes == alone.routes
+    assert second.logprobs == pytest.approx(alone.logprobs, abs=1e-5)
+    batcher.release(second)
+    batcher.swap(model, 1)
+    third = Seq(list(second.tokens))
+    before = batcher.stats.prefill_tokens
+    batcher.run(third, greedy(third, 1))
+    assert batcher.stats.prefill_tokens - before == len(second.tokens)  # nothing kept from version 0
+    assert batcher.residents == 1
+    batcher.close()
+
+
 def test_a_swap_lands_between_steps_and_each_token_knows_its_version(model):
     batcher = ContinuousBatcher(max_context=128, max_slots=4)
     batcher.swap(model, 0)
