@@ -44,9 +44,15 @@ def greedy(seq: Seq, new: int):
 
 
 def run_group(
-    batcher: ContinuousBatcher, prompts: list[list[int]], new: int, *, together: bool
-) -> tuple[float, list[list[int]]]:
-    """Seconds to decode `new` tokens after each prompt (together, or one sequence after the other)."""
+    model, prompts: list[list[int]], new: int, *, together: bool, max_context: int
+) -> tuple[float, list[list[int]], int]:
+    """Seconds to decode `new` tokens after each prompt (together, or one sequence after the other), on
+    a batcher of its own (nothing kept from an earlier measurement), and the prefill tokens computed."""
+    batcher = ContinuousBatcher(max_context=max_context, max_slots=len(prompts))
+    batcher.swap(model, 0)
+    warm = Seq([1, 2])
+    batcher.run(warm, greedy(warm, 1))  # allocates the slots before the clock starts
+    batcher.release(warm)
     seqs = [Seq(list(p)) for p in prompts]
     t0 = time.perf_counter()
     if together:
@@ -56,9 +62,9 @@ def run_group(
         errors = [batcher.submit(s, greedy(s, new)).result() for s in seqs]
     seconds = time.perf_counter() - t0
     assert not any(errors), errors
-    for s in seqs:
-        batcher.release(s)
-    return seconds, [s.tokens[len(p) :] for s, p in zip(seqs, prompts)]
+    computed = batcher.stats.prefill_tokens - 2
+    batcher.close()
+    return seconds, [s.tokens[len(p) :] for s, p in zip(seqs, prompts)], computed
 
 
 @torch.inference_mode()
@@ -102,8 +108,7 @@ def main() -> None:
     prompts = [torch.randint(0, vocab, (args.prompt,), generator=rng).tolist() for _ in range(args.group)]
     shared = torch.randint(0, vocab, (args.shared,), generator=rng).tolist()
 
-    batcher = ContinuousBatcher(max_context=args.shared + args.new + 8, max_slots=args.group)
-    batcher.swap(model, 0)
+    context = args.shared + args.new + 8
     tokens = args.group * args.new
     times: dict[str, list[float]] = {
         "batched": [],
@@ -113,19 +118,20 @@ def main() -> None:
         "single": [],
     }
     outputs: dict[str, list[list[int]]] = {}
-    run_group(batcher, prompts[:2], 2, together=True)  # warm-up (allocates the slots)
     for _ in range(args.reps):  # alternating, so that drift hits every candidate
-        seconds, outputs["batched"] = run_group(batcher, prompts, args.new, together=True)
+        seconds, outputs["batched"], _ = run_group(
+            model, prompts, args.new, together=True, max_context=context
+        )
         times["batched"].append(seconds)
-        seconds, outputs["sequential"] = run_group(batcher, prompts, args.new, together=False)
+        seconds, outputs["sequential"], _ = run_group(
+            model, prompts, args.new, together=False, max_context=context
+        )
         times["sequential"].append(seconds)
         seconds, outputs["transformers"] = run_transformers(reference, prompts, args.new)
         times["transformers"].append(seconds)
-        times["single"].append(run_group(batcher, [shared], 1, together=True)[0])
-        before = batcher.stats.prefill_tokens
-        times["shared"].append(run_group(batcher, [shared] * args.group, 1, together=True)[0])
-        computed = batcher.stats.prefill_tokens - before
-    batcher.close()
+        times["single"].append(run_group(model, [shared], 1, together=True, max_context=context)[0])
+        seconds, _, computed = run_group(model, [shared] * args.group, 1, together=True, max_context=context)
+        times["shared"].append(seconds)
 
     median = {name: statistics.median(t) for name, t in times.items()}
     agree = sum(
