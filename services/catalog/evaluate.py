@@ -7,7 +7,6 @@ real pytest, in a subprocess) happens later in `verify`.
 
 from __future__ import annotations
 
-import ast
 import builtins
 import math
 import sys
@@ -15,6 +14,8 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
+
+from services.catalog import pyast
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +72,7 @@ def approx_equal(expected: object, actual: object) -> bool:
 def is_literal(value: object) -> bool:
     """Whether `repr(value)` reads back as an equal value of the same type (so a test can spell it)."""
     try:
-        back = ast.literal_eval(repr(value))
+        back = pyast.literal_eval(repr(value))
     except (ValueError, SyntaxError, MemoryError, RecursionError):
         return False
     return type(back) is type(value) and back == value

@@ -13,6 +13,8 @@ import copy
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from services.catalog import pyast
+
 _COMPARE_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
                  ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}  # fmt: skip
 _OPERATOR_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult,
@@ -45,7 +47,7 @@ class Mutation:
 
     def parses(self) -> bool:
         try:
-            ast.parse(self.source)
+            pyast.parse(self.source)
         except SyntaxError:
             return False
         return True
@@ -118,7 +120,7 @@ def mutations(path: str, text: str) -> list[Mutation]:
     """Every mutation of the module's functions (nested ones and methods included); check `parses()`
     before using one."""
     try:
-        tree = ast.parse(text)
+        tree = pyast.parse(text)
     except SyntaxError:
         return []
     out: list[Mutation] = []
