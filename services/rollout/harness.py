@@ -30,7 +30,7 @@ import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from crucible.agent.episode import CHAT_SYSTEM_PROMPT, CONTEXT_RESERVE, episode_trajectory
+from crucible.agent.episode import CHAT_SYSTEM_PROMPT, chat_turn_fits, episode_trajectory, run_chat_tool
 from crucible.agent.toolcalls import TOOLS, ToolCallError, after_turn, render_prompt
 from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import TaskSpec, ToolCall, Trajectory
@@ -93,8 +93,7 @@ class HarnessEpisode:
                 new = render_prompt(tokenizer, messages) if not self.history else after_turn(tokenizer, self.history, messages)
             except ToolCallError as exc:
                 raise RequestError(f"{exc}: an episode's requests keep its conversation verbatim", param="messages") from None
-            room = self.engine.max_context - CONTEXT_RESERVE - self.config.agent.max_action_tokens
-            if len(self.state) + len(new) > room:
+            if not chat_turn_fits(self.engine, self.config, self.state, new):
                 self.finish, self.over = "context", True
                 raise RequestError(f"the episode's context of {self.engine.max_context} tokens is spent", param="messages")
             self.state.append_env(new, self.engine.version)
@@ -164,13 +163,13 @@ class HarnessEpisode:
                 self.finish, self.over = "submitted", True
                 self._record(action, args_text, True, "", 0.0)
                 return {"ok": True, "output": "", "error": None}
-            extra = {"timeout_s": self.tool_timeout_s} if name == "run" else {}
             t0 = time.perf_counter()
-            result = await self.session.tool(name, **arguments, **extra)
-            text = (result.output if result.ok else f"error: {result.error}")[: self.config.agent.max_observation_bytes]
+            result, text = await run_chat_tool(
+                self.session, name, arguments, config=self.config, timeout_s=self.tool_timeout_s
+            )
             self._record(action, args_text, result.ok, text, time.perf_counter() - t0)
-            limit = self.config.agent.max_observation_bytes
-            return {"ok": result.ok, "output": result.output[:limit], "error": result.error}
+            output = result.output[: self.config.agent.max_observation_bytes]
+            return {"ok": result.ok, "output": output, "error": result.error}
 
     def _record(self, action: _Action, args_text: str, ok: bool, output: str, duration: float) -> None:
         self.calls.append(

@@ -20,6 +20,7 @@ from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import TaskSpec, ToolCall, Trajectory
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
+from crucible.contracts.sandbox import ToolResult
 
 
 @dataclass
@@ -237,18 +238,32 @@ async def _chat_turns(engine, config, task, session, state, generator, tool_time
         if name is None:
             ok, text = False, "error: the tool call did not close within the action budget"
         else:
-            extra = {"timeout_s": tool_timeout_s} if name == "run" else {}
-            result = await session.tool(name, **arguments, **extra)
-            ok, text = result.ok, result.output if result.ok else f"error: {result.error}"
+            result, text = await run_chat_tool(session, name, arguments, config=config, timeout_s=tool_timeout_s)
+            ok = result.ok
         text = text[: config.agent.max_observation_bytes]
         calls.append(_call(turn, name or "invalid", args_text, ok, text, time.perf_counter() - t0, start, len(state), version))
         messages += [{"role": "assistant", "content": action}, {"role": "tool", "content": text}]
         following = after_action(tok, messages)
-        if len(state) + len(following) + CONTEXT_RESERVE + config.agent.max_action_tokens > engine.max_context:
+        if not chat_turn_fits(engine, config, state, following):
             finish = "context"
             break
         state.append_env(following, engine.version)
     return calls, finish
+
+
+async def run_chat_tool(
+    session: SandboxSession, name: str, arguments: dict, *, config: RunConfig, timeout_s: float
+) -> tuple[ToolResult, str]:
+    """Run a pretrained model's tool call in the sandbox: the result, and what the policy sees of it."""
+    extra = {"timeout_s": timeout_s} if name == "run" else {}
+    result = await session.tool(name, **arguments, **extra)
+    text = result.output if result.ok else f"error: {result.error}"
+    return result, text[: config.agent.max_observation_bytes]
+
+
+def chat_turn_fits(engine: Actor, config: RunConfig, state: EpisodeState, following: list[int]) -> bool:
+    """Whether the template tokens before the next tool call, and a whole action, fit in the context."""
+    return len(state) + len(following) + CONTEXT_RESERVE + config.agent.max_action_tokens <= engine.max_context
 
 
 def packed_arrays(state: EpisodeState) -> dict[str, Any]:
