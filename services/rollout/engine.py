@@ -58,6 +58,9 @@ class PolicyEngine:
     def close(self) -> None:
         self.batcher.close()
 
+    async def aclose(self) -> None:
+        self.close()
+
     def _build(self) -> Transformer:
         if self.config.model.source in PRESETS:
             model = build_model(self.model_config, precision=self.config.model.precision, seed=self.config.seed)
@@ -75,6 +78,10 @@ class PolicyEngine:
             model = self._build()
             model.load_state_dict(state_dict, strict=True)
             self.batcher.swap(model, version)
+
+    async def load(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """`swap`, off the event loop (the rollout worker's way in, as for an external engine)."""
+        await asyncio.to_thread(self.swap, state_dict, version)
 
     def new_episode(self, *, greedy: bool = False) -> EpisodeState:
         if self.version < 0:
@@ -166,6 +173,41 @@ class PolicyEngine:
             return None, None, True
         name, arguments = result["call"]
         return name, arguments, False
+
+    async def sample_summary(self, state: EpisodeState, *, generator: torch.Generator) -> str:
+        """Free text after the summary request already in `state`: printable bytes closed by `<end>` in
+        the byte-level format, any token closed by the end of turn for a pretrained model (the trainer's
+        unconstrained positions), at most agent.max_summary_tokens (the end then follows as an
+        environment token). Returns the summary's text."""
+        budget = self.config.agent.max_summary_tokens
+        temperature = self.config.agent.temperature
+        if self.tokenizer is None:
+            end, constraint = tokenizer.END, grammar.ARGS
+            allowed = grammar.allowed_table()[grammar.ARGS]
+        else:
+            end, constraint = self.tokenizer.eos_token_id, grammar.FREE
+            allowed = torch.ones(self.model_config.vocab_size, dtype=torch.bool)
+        text: list[int] = []
+
+        def choose(logits: torch.Tensor, version: int) -> bool:
+            logp = grammar.masked_logprobs(logits, allowed, temperature=temperature)
+            token = state.pick(logp, generator)
+            state.append_sampled(token, float(logp[token]), version, constraint)
+            if token == end:
+                return True
+            text.append(token)
+            if len(text) >= budget or len(state) + 2 >= self.max_context:
+                state.append_env([end], version)
+                return True
+            return False
+
+        if len(state) + 2 < self.max_context:
+            await self._run(state, choose)
+        else:
+            state.append_env([end], self.version)
+        if self.tokenizer is None:
+            return bytes(text).decode("utf-8", "replace")
+        return self.tokenizer.decode(text, skip_special_tokens=True)
 
     async def finish(self, state: EpisodeState) -> None:
         """Feed the trailing tokens so that every position has its routing recorded."""

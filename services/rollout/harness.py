@@ -263,6 +263,6 @@ async def run_harness_episode(
         episodes.live.pop(episode.id, None)
         engine.release(episode.state)
     return episode_trajectory(
-        tokenizer=engine.tokenizer, state=episode.state, task=task, run_id=run_id, group_id=group_id,
+        tokenizer=engine.tokenizer, states=[episode.state], task=task, run_id=run_id, group_id=group_id,
         calls=episode.calls, finish=episode.finish, diff=await session.diff(), replica=replica, started=started,
     )  # a trajectory id of its own: the episode's was a credential while it lived

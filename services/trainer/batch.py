@@ -1,4 +1,8 @@
-"""Graded trajectories to padded training tensors."""
+"""Graded trajectories to padded training tensors.
+
+The loss sees one row per trajectory; the model sees one row per context (a trajectory whose episode
+summarised and went on in a new context has several, each attending only to itself): `Batch.to_rows`
+and `Batch.from_rows` move per-token values between the two layouts."""
 
 from __future__ import annotations
 
@@ -21,6 +25,35 @@ class Batch:
     advantages_BT: torch.Tensor  # f32, the trajectory's advantage on every token
     routes_BTLk: torch.Tensor | None  # long, recorded expert choices for router replay
     versions_BT: torch.Tensor  # long
+    row_BT: torch.Tensor  # long: the model row (one per context) each token is fed in; padding: row 0
+    column_BT: torch.Tensor  # long: its position in that row; padding: past every row's end
+    rows: int  # contexts in the batch: B when every trajectory is one context
+
+    @property
+    def one_context_each(self) -> bool:
+        return self.rows == self.row_BT.shape[0]
+
+    def to_rows(self, x_BT: torch.Tensor, fill: float | torch.Tensor = 0) -> torch.Tensor:
+        """[B, T, ...] in the trajectories' layout to [R, T_row, ...], a context per row from position 0,
+        padded with `fill` (a scalar, or a tensor of the trailing shape). The identity when every
+        trajectory is one context."""
+        if self.one_context_each:
+            return x_BT
+        valid = self.valid_BT > 0
+        width = int(self.column_BT[valid].max()) + 1
+        out = torch.empty((self.rows, width, *x_BT.shape[2:]), dtype=x_BT.dtype)
+        out[...] = fill
+        out[self.row_BT[valid], self.column_BT[valid]] = x_BT[valid]
+        return out
+
+    def from_rows(self, x_RT: torch.Tensor) -> torch.Tensor:
+        """[R, T_row] back to the trajectories' layout [B, T] (0 at padding)."""
+        if self.one_context_each:
+            return x_RT
+        valid = self.valid_BT > 0
+        out = torch.zeros(self.row_BT.shape, dtype=x_RT.dtype)
+        out[valid] = x_RT[self.row_BT[valid], self.column_BT[valid]]
+        return out
 
 
 def validate(trajectory: Trajectory) -> None:
@@ -34,6 +67,12 @@ def validate(trajectory: Trajectory) -> None:
         raise ContractError(f"trajectory {t.trajectory_id}: per-token arrays differ in length: {sizes}")
     if sizes["tokens"] < 2:
         raise ContractError(f"trajectory {t.trajectory_id}: fewer than two tokens")
+    starts = t.context_starts
+    if starts and (starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= sizes["tokens"]):
+        raise ContractError(
+            f"trajectory {t.trajectory_id}: context starts {starts[:8]} are not increasing from 0 within"
+            f" {sizes['tokens']} tokens"
+        )
     if t.routes_shape:
         T, L, k = (t.routes_shape + [0, 0, 0])[:3]
         if len(t.routes_shape) != 3 or T != sizes["tokens"] or len(t.routes) != T * L * k:
@@ -80,6 +119,16 @@ def collate(trajectories: list[Trajectory], advantages: list[float]) -> Batch:
             n = shapes[b][0]
             values = torch.tensor(unpack("u8", t.routes), dtype=torch.long)
             routes[b, :n] = values.view(n, L, k)
+    # Each context is a model row of its own: row r = (trajectory, context), positions from 0.
+    row = torch.zeros(B, T, dtype=torch.long)
+    column = torch.full((B, T), T, dtype=torch.long)
+    rows = 0
+    for b, t in enumerate(trajectories):
+        bounds = [*(t.context_starts or [0]), len(columns[b][0])]
+        for start, end in zip(bounds, bounds[1:]):
+            row[b, start:end] = rows
+            column[b, start:end] = torch.arange(end - start)
+            rows += 1
     adv = torch.tensor(advantages, dtype=torch.float32)[:, None].expand(B, T).contiguous()
     # Every real token was routed in the rollout and counts in the routers' load; padding does not.
     lengths = torch.tensor([len(c[0]) for c in columns])
@@ -93,4 +142,7 @@ def collate(trajectories: list[Trajectory], advantages: list[float]) -> Batch:
         advantages_BT=adv,
         routes_BTLk=routes,
         versions_BT=pad(4, torch.long),
+        row_BT=row,
+        column_BT=column,
+        rows=rows,
     )

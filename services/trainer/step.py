@@ -19,13 +19,13 @@ def _shift(picked_BT1: torch.Tensor) -> torch.Tensor:
 
 
 def replayed_masks(batch: Batch, tool_calls: ToolCallGrammar) -> torch.Tensor:
-    """Bool [B, T-1, V]: what a pretrained model's sampler allowed for each token from position 1 on,
-    its grammar replayed over the sampled tokens (once per step: the policy and the reference share it)."""
+    """Bool [B, T, V]: what a pretrained model's sampler allowed for each token, its grammar replayed over
+    the sampled tokens (once per step: the policy and the reference share it)."""
     masks = torch.stack([
         tool_calls.replay_masks(tokens.tolist(), (constraints == TOOL_CALL).tolist())
         for tokens, constraints in zip(batch.tokens_BT, batch.constraints_BT)
     ])  # fmt: skip
-    return masks[:, 1:]
+    return masks
 
 
 def token_logprobs(
@@ -37,22 +37,30 @@ def token_logprobs(
     allowed: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(token_t | tokens_<t) under what the sampler allowed at t, [B, T] with position 0 = 0, and
-    (if asked) the entropy of each position's constrained distribution. `allowed` [B, T-1, V] are a
+    (if asked) the entropy of each position's constrained distribution. `allowed` [B, T, V] are a
     pretrained model's replayed grammar masks (`replayed_masks`); without them, the byte-level table
     under the recorded constraints."""
-    out = model(batch.tokens_BT, routes=batch.routes_BTLk, valid_BT=batch.valid_BT)
+    # The model runs one row per context (batch.to_rows); the values go back to the trajectories' layout.
+    tokens = batch.to_rows(batch.tokens_BT)
+    routes = None
+    if batch.routes_BTLk is not None:
+        k = batch.routes_BTLk.shape[-1]
+        routes = batch.to_rows(batch.routes_BTLk, fill=torch.arange(k))  # padding: distinct experts
+    out = model(tokens, routes=routes, valid_BT=batch.to_rows(batch.valid_BT))
     if allowed is None:
-        logp_BTV = constrained_logprobs(out.logits[:, :-1], batch.constraints_BT[:, 1:], temperature=temperature)
+        constraints = batch.to_rows(batch.constraints_BT)
+        logp_BTV = constrained_logprobs(out.logits[:, :-1], constraints[:, 1:], temperature=temperature)
     else:
+        allowed = batch.to_rows(allowed, fill=True)[:, 1:]
         logp_BTV = masked_logprobs(out.logits[:, :-1], allowed, temperature=temperature)
-    picked = logp_BTV.gather(-1, batch.tokens_BT[:, 1:, None]).squeeze(-1)
+    picked = logp_BTV.gather(-1, tokens[:, 1:, None]).squeeze(-1)
     # Tokens the policy did not sample may be outside their constraint (-inf); they are masked anyway.
-    sampled = batch.mask_BT[:, 1:] > 0
+    sampled = batch.to_rows(batch.mask_BT)[:, 1:] > 0
     picked = torch.where(sampled, picked, torch.zeros_like(picked))
     entropy = None
     if with_entropy:
-        entropy = _shift(torch.where(sampled, entropy_from_logprobs(logp_BTV), torch.zeros_like(picked)))
-    return _shift(picked), entropy
+        entropy = batch.from_rows(_shift(torch.where(sampled, entropy_from_logprobs(logp_BTV), torch.zeros_like(picked))))
+    return batch.from_rows(_shift(picked)), entropy
 
 
 def train_step(

@@ -94,6 +94,9 @@ class Teacher:
             state.append_sampled(token, 0.0, self.version, grammar.TOOL_CALL)
         return action.name, action.arguments, False
 
+    async def sample_summary(self, state: EpisodeState, *, generator: torch.Generator) -> str:
+        raise DemonstrationError("over the context: a demonstration must fit one context, with no summary")
+
     async def finish(self, state: EpisodeState) -> None:
         pass
 

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from crucible.agent import grammar, tokenizer
-from crucible.agent.toolcalls import ToolCallGrammar, after_action, render_prompt
+from crucible.agent.toolcalls import ToolCallGrammar, after_action, after_turn, render_prompt
 from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import TaskSpec, ToolCall, Trajectory
 from crucible.contracts.packing import pack
@@ -82,6 +82,10 @@ class Actor(Protocol):
         self, state: EpisodeState, *, generator: torch.Generator
     ) -> tuple[str | None, dict | None, bool]: ...
 
+    async def sample_summary(self, state: EpisodeState, *, generator: torch.Generator) -> str:
+        """Free text after the summary request in `state`, closed by the format's end token (sampled, or
+        an environment token when agent.max_summary_tokens ran out); returns its text."""
+
     async def finish(self, state: EpisodeState) -> None:
         """Whatever must follow the last token (the rollout feeds it, to record its routing)."""
 
@@ -101,6 +105,49 @@ CHAT_SYSTEM_PROMPT = (
     "tests pass: look at the files, edit them with replace, run the tests, then submit."
 )
 CONTEXT_RESERVE = 8  # <act>, a tool token and <end>, plus <eos>, always fit after an observation
+SUMMARY_REQUEST = (
+    "Your context is nearly full. Summarise your work so far for yourself: what the bug is, which files "
+    "and lines matter, what you changed, what the tests said, and what is left to do. You will continue "
+    "from this summary alone."
+)
+SUMMARY_INTRO = "\n\nYour summary of your work so far (the repository keeps your edits):\n"
+SUMMARY_OVERHEAD = len(SUMMARY_REQUEST.encode()) + 48  # the request, and the template's tokens around it
+
+
+class Contexts:
+    """The contexts of one episode: the live one the actor decodes, and those a summary closed. A new
+    context is a new sequence for the engine (its own KV cache, positions from 0)."""
+
+    def __init__(self, engine: Actor, *, greedy: bool) -> None:
+        self.engine = engine
+        self.closed: list[EpisodeState] = []
+        self.live: EpisodeState = engine.new_episode(greedy=greedy)
+
+    @property
+    def offset(self) -> int:
+        """Where the live context begins in the episode's token arrays."""
+        return sum(len(s) for s in self.closed)
+
+    async def restart(self) -> EpisodeState:
+        """Close the live context (its trailing tokens fed, its slot freed) and begin an empty one."""
+        await self.engine.finish(self.live)
+        self.engine.release(self.live)
+        self.closed.append(self.live)
+        self.live = self.engine.new_episode(greedy=self.live.greedy)
+        return self.live
+
+    @property
+    def all(self) -> list[EpisodeState]:
+        return [*self.closed, self.live]
+
+
+def summary_reserve(config: RunConfig) -> int:
+    """Room a turn must leave under agent.context_policy = "summarize": the tool's output, the summary
+    request and the summary that may have to follow it. 0 under "stop"."""
+    agent = config.agent
+    if agent.context_policy != "summarize":
+        return 0
+    return agent.max_observation_bytes + SUMMARY_OVERHEAD + agent.max_summary_tokens
 
 
 def tool_arguments(name: str, text: str, *, timeout_s: float) -> dict:
@@ -143,35 +190,38 @@ async def run_episode(
 ) -> Trajectory:
     started = time.time()
     generator = torch.Generator().manual_seed(seed)
-    state: EpisodeState = engine.new_episode(greedy=greedy)
+    contexts = Contexts(engine, greedy=greedy)
     try:
-        if engine.tool_calls is not None:
-            calls, finish = await _chat_turns(engine, config, task, session, state, generator, tool_timeout_s)
-        else:
-            calls, finish = await _byte_turns(engine, config, task, session, state, generator, tool_timeout_s)
-        await engine.finish(state)
+        turns = _chat_turns if engine.tool_calls is not None else _byte_turns
+        calls, finish = await turns(engine, config, task, session, contexts, generator, tool_timeout_s)
+        await engine.finish(contexts.live)
     finally:
-        engine.release(state)
+        engine.release(contexts.live)
     return episode_trajectory(
-        tokenizer=engine.tokenizer, state=state, task=task, run_id=run_id, group_id=group_id, calls=calls,
+        tokenizer=engine.tokenizer, states=contexts.all, task=task, run_id=run_id, group_id=group_id, calls=calls,
         finish=finish, diff=await session.diff(), replica=replica, started=started, trajectory_id=trajectory_id,
     )  # fmt: skip
 
 
 def episode_trajectory(
-    *, tokenizer: Any, state: EpisodeState, task: TaskSpec, run_id: str, group_id: str, calls: list[ToolCall],
-    finish: str, diff: str, replica: str, started: float, trajectory_id: str | None = None,
+    *, tokenizer: Any, states: list[EpisodeState], task: TaskSpec, run_id: str, group_id: str,
+    calls: list[ToolCall], finish: str, diff: str, replica: str, started: float, trajectory_id: str | None = None,
 ) -> Trajectory:  # fmt: skip
-    """The trajectory of a finished episode: its context with every token's record, its tool calls,
-    the repository's diff."""
+    """The trajectory of a finished episode: its contexts (one after the other) with every token's
+    record, its tool calls, the repository's diff."""
+    tokens = [t for state in states for t in state.tokens]
+    starts = [0]
+    for state in states[:-1]:
+        starts.append(starts[-1] + len(state))
     return Trajectory(
         run_id=run_id,
         trajectory_id=trajectory_id or uuid.uuid4().hex,
         group_id=group_id,
         task_id=task.task_id,
         taskset=task.taskset,
-        **packed_arrays(state),
-        token_text=[] if tokenizer is None else tokenizer.batch_decode([[t] for t in state.tokens]),
+        **packed_arrays(*states),
+        context_starts=starts if len(states) > 1 else [],
+        token_text=[] if tokenizer is None else tokenizer.batch_decode([[t] for t in tokens]),
         tool_calls=calls,
         final_diff=diff,
         finish_reason=finish,
@@ -181,29 +231,40 @@ def episode_trajectory(
     )
 
 
-async def _byte_turns(engine, config, task, session, state, generator, tool_timeout_s) -> tuple[list[ToolCall], str]:
+async def _byte_turns(engine, config, task, session, contexts, generator, tool_timeout_s) -> tuple[list[ToolCall], str]:
     """The byte-level agent of Crucible's presets: `<act><tool:NAME>ARGS<end>` turns."""
     prompt = SYSTEM_PROMPT + "Task: " + task.statement
     prompt_limit = min(4 * config.agent.max_observation_bytes, engine.max_context // 2)
+    state = contexts.live
     state.append_env([tokenizer.BOS, *observation(prompt, limit=prompt_limit)], engine.version)
+    reserve = summary_reserve(config)
     calls: list[ToolCall] = []
     finish = "max_turns"
     for turn in range(config.agent.max_turns):
+        if reserve and len(state) + config.agent.max_action_tokens + CONTEXT_RESERVE + reserve > engine.max_context:
+            state.append_env(observation(SUMMARY_REQUEST, limit=SUMMARY_OVERHEAD), engine.version)  # whole
+            summary = await engine.sample_summary(state, generator=generator)
+            state = await contexts.restart()
+            summarised = tokenizer.encode(SUMMARY_INTRO + summary)  # never cut: it is all the policy keeps
+            state.append_env([tokenizer.BOS, *observation(prompt, limit=prompt_limit), *summarised], engine.version)
+            if len(state) + config.agent.max_action_tokens + CONTEXT_RESERVE + reserve > engine.max_context:
+                finish = "context"  # the task and the summary alone leave no room for a turn
+                break
         state.append_env([tokenizer.ACT], engine.version)
-        start = len(state)
+        start = contexts.offset + len(state)
         name, args, exhausted = await engine.sample_action(state, generator=generator)
-        version = state.versions[-1]
+        end, version = contexts.offset + len(state), state.versions[-1]
         if exhausted:
             finish = "context"
             break
         if name == "submit":
             finish = "submitted"
-            calls.append(_call(turn, "submit", args, True, "", 0.0, start, len(state), version))
+            calls.append(_call(turn, "submit", args, True, "", 0.0, start, end, version))
             break
         t0 = time.perf_counter()
         result = await session.tool(name, **tool_arguments(name, args, timeout_s=tool_timeout_s))
         text = result.output if result.ok else f"error: {result.error}"
-        calls.append(_call(turn, name, args, result.ok, text, time.perf_counter() - t0, start, len(state), version))
+        calls.append(_call(turn, name, args, result.ok, text, time.perf_counter() - t0, start, end, version))
         room = engine.max_context - len(state) - CONTEXT_RESERVE
         if room <= 8:
             finish = "context"
@@ -213,26 +274,27 @@ async def _byte_turns(engine, config, task, session, state, generator, tool_time
     return calls, finish
 
 
-async def _chat_turns(engine, config, task, session, state, generator, tool_timeout_s) -> tuple[list[ToolCall], str]:
+async def _chat_turns(engine, config, task, session, contexts, generator, tool_timeout_s) -> tuple[list[ToolCall], str]:
     """A pretrained model in its own chat template: each turn one tool call under the grammar, each
     result the template's tool turn (environment tokens)."""
     tok = engine.tokenizer
     messages = [{"role": "system", "content": CHAT_SYSTEM_PROMPT}, {"role": "user", "content": task.statement}]
+    state = contexts.live
     state.append_env(render_prompt(tok, messages), engine.version)
     calls: list[ToolCall] = []
     finish = "max_turns"
     for turn in range(config.agent.max_turns):
-        start = len(state)
+        start = contexts.offset + len(state)
         name, arguments, exhausted = await engine.sample_tool_call(state, generator=generator)
-        version = state.versions[-1]
+        end, version = contexts.offset + len(state), state.versions[-1]
         if exhausted:
             finish = "context"
             break
-        action = tok.decode(state.tokens[start:], skip_special_tokens=False).removesuffix(tok.eos_token)
+        action = tok.decode(state.tokens[start - contexts.offset :], skip_special_tokens=False).removesuffix(tok.eos_token)
         args_text = json.dumps(arguments) if arguments is not None else ""
         if name == "submit":
             finish = "submitted"
-            calls.append(_call(turn, "submit", args_text, True, "", 0.0, start, len(state), version))
+            calls.append(_call(turn, "submit", args_text, True, "", 0.0, start, end, version))
             break
         t0 = time.perf_counter()
         if name is None:
@@ -241,13 +303,27 @@ async def _chat_turns(engine, config, task, session, state, generator, tool_time
             result, text = await run_chat_tool(session, name, arguments, config=config, timeout_s=tool_timeout_s)
             ok = result.ok
         text = text[: config.agent.max_observation_bytes]
-        calls.append(_call(turn, name or "invalid", args_text, ok, text, time.perf_counter() - t0, start, len(state), version))
+        calls.append(_call(turn, name or "invalid", args_text, ok, text, time.perf_counter() - t0, start, end, version))
         messages += [{"role": "assistant", "content": action}, {"role": "tool", "content": text}]
         following = after_action(tok, messages)
-        if not chat_turn_fits(engine, config, state, following):
+        if chat_turn_fits(engine, config, state, following):
+            state.append_env(following, engine.version)
+            continue
+        if config.agent.context_policy != "summarize":
             finish = "context"
             break
-        state.append_env(following, engine.version)
+        request = after_turn(tok, messages[:-1], [*messages, {"role": "user", "content": SUMMARY_REQUEST}])
+        if len(state) + len(request) + config.agent.max_summary_tokens + 1 > engine.max_context:
+            finish = "context"  # the tool's output was longer than the reserve held for it
+            break
+        state.append_env(request, engine.version)
+        summary = await engine.sample_summary(state, generator=generator)
+        state = await contexts.restart()
+        messages = [messages[0], {"role": "user", "content": task.statement + SUMMARY_INTRO + summary}]
+        state.append_env(render_prompt(tok, messages), engine.version)
+        if not chat_turn_fits(engine, config, state, []):
+            finish = "context"  # the task and the summary alone leave no room for a turn
+            break
     return calls, finish
 
 
@@ -262,23 +338,31 @@ async def run_chat_tool(
 
 
 def chat_turn_fits(engine: Actor, config: RunConfig, state: EpisodeState, following: list[int]) -> bool:
-    """Whether the template tokens before the next tool call, and a whole action, fit in the context."""
-    return len(state) + len(following) + CONTEXT_RESERVE + config.agent.max_action_tokens <= engine.max_context
+    """Whether the template tokens before the next tool call, and a whole action, fit in the context
+    (with room for what a summary would need after it, under agent.context_policy = "summarize")."""
+    need = len(following) + CONTEXT_RESERVE + config.agent.max_action_tokens + summary_reserve(config)
+    return len(state) + need <= engine.max_context
 
 
-def packed_arrays(state: EpisodeState) -> dict[str, Any]:
-    """An episode's per-token arrays as a Trajectory carries them (packed little-endian)."""
+def packed_arrays(*states: EpisodeState) -> dict[str, Any]:
+    """An episode's per-token arrays (of its contexts, one after the other) as a Trajectory carries them
+    (packed little-endian)."""
     routes_shape: list[int] = []
     routes = b""
-    if state.routes:
-        routes_shape = [len(state.routes), len(state.routes[0]), len(state.routes[0][0])]
-        routes = pack("u8", (e for layer in state.routes for k in layer for e in k))
+    steps = [step for state in states for step in state.routes]
+    if steps:
+        routes_shape = [len(steps), len(steps[0]), len(steps[0][0])]
+        routes = pack("u8", (e for layer in steps for k in layer for e in k))
+
+    def column(name: str) -> list:
+        return [v for state in states for v in getattr(state, name)]
+
     return {
-        "tokens": pack("u32", state.tokens),
-        "logprobs": pack("f32", state.logprobs),
-        "versions": pack("u32", state.versions),
-        "loss_mask": pack("u8", state.loss_mask),
-        "constraints": pack("u8", state.constraints),
+        "tokens": pack("u32", column("tokens")),
+        "logprobs": pack("f32", column("logprobs")),
+        "versions": pack("u32", column("versions")),
+        "loss_mask": pack("u8", column("loss_mask")),
+        "constraints": pack("u8", column("constraints")),
         "routes": routes,
         "routes_shape": routes_shape,
     }

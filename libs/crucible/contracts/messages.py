@@ -135,6 +135,10 @@ class Trajectory(Message, tag="trajectory.v1"):
     """Each token's text, from a pretrained model's own tokenizer (which the api does not load); empty
     for the byte tokenizer of Crucible's presets, which anyone decodes."""
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+    context_starts: list[int] = msgspec.field(default_factory=list)
+    """Where each context of the episode begins in the per-token arrays, when it has more than one (a run
+    with agent.context_policy = "summarize"): each context is a sequence of its own, attending only to
+    itself from position 0; empty means one context."""
     final_diff: str = ""
     finish_reason: str = "done"
     eval_id: str = ""

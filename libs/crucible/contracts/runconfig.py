@@ -72,6 +72,13 @@ class AgentSection(Section):
     the rollout's `harness_command`) that drives the policy through the replica's OpenAI-compatible
     endpoint and acts through its tool endpoint; the rollout records the conversation token for token
     as the trajectory. A harness needs a model with its own chat template (not a preset)."""
+    context_policy: Literal["stop", "summarize"] = "stop"
+    """What the builtin loop does when the next turn would not fit the context: end the episode
+    (finish_reason "context"), or ask the policy to summarise its work so far and go on in a new context
+    that begins with the task and that summary. The summary is sampled by the policy and trained like
+    its actions; the trajectory records where each context began (`Trajectory.context_starts`)."""
+    max_summary_tokens: int = Field(default=256, ge=8, le=8192)
+    """Tokens the policy may sample for one summary."""
 
 
 class OptimSection(Section):
@@ -233,6 +240,8 @@ class RunConfig(Section):
                 f"agent.driver = 'harness' needs a model with its own chat template; the preset "
                 f"{self.model.source!r} speaks the byte-level format"
             )
+        if self.agent.driver == "harness" and self.agent.context_policy == "summarize":
+            raise ValueError("agent.context_policy = 'summarize' is the builtin loop's; a harness keeps its own context")
         return self
 
     @model_validator(mode="before")
