@@ -1,4 +1,7 @@
-from pydantic import Field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
 
 from crucible.settings import CommonSettings
 
@@ -27,3 +30,22 @@ class Settings(CommonSettings):
     (python -m crucible.agent.harness). An operator's choice, never a run's."""
     harness_timeout_s: float = Field(default=900.0, gt=0)
     """An episode's harness still running after this is killed; the episode ends with "timeout"."""
+    engine_url: str = ""
+    """An external inference server (vLLM, SGLang, or `crucible serve --weights-dir`) that samples this
+    replica's episodes instead of its in-process engine (services.rollout.external); empty: in process.
+    For runs of a pretrained model with its own chat template; evaluations stay in process."""
+    engine_kind: Literal["vllm", "sglang"] = "sglang"
+    """The server's dialect: vLLM's completions and reload, or SGLang's (which `crucible serve` speaks)."""
+    engine_weights_dir: Path | None = None
+    """Where each announced version is written for the external server to load: a directory it sees at
+    the same path (a shared volume)."""
+    engine_timeout_s: float = Field(default=300.0, gt=0)
+    """Deadline for one request to the external server (a reload included)."""
+
+    @model_validator(mode="after")
+    def _external_engine(self) -> "Settings":
+        if self.engine_url and not self.engine_url.startswith(("http://", "https://")):
+            raise ValueError(f"engine_url must be an http(s) URL, got {self.engine_url!r}")
+        if self.engine_url and self.engine_weights_dir is None:
+            raise ValueError("engine_url needs engine_weights_dir: where the server loads each version from")
+        return self

@@ -20,6 +20,7 @@ from crucible.contracts.runconfig import RunConfig
 from crucible.runtime import Runtime
 from services.rollout.admission import budget_spent, release, try_admit
 from services.rollout.engine import PolicyEngine
+from services.rollout.external import ExternalEngine
 from services.rollout.harness import Episodes, run_harness_episode
 from services.rollout.metrics import EPISODES, TOKENS, VERSION
 from services.rollout.settings import Settings
@@ -41,12 +42,18 @@ class RunWorker:
         self.settings = rt.settings
         self.run_id = run_id
         self.config = config
-        self.engine = PolicyEngine(
-            config=config,
-            max_context=self.settings.max_context,
-            max_sequences=self.settings.max_sequences,
-            prefill_chunk=self.settings.prefill_chunk,
-        )
+        self.engine: PolicyEngine | ExternalEngine = (
+            ExternalEngine(
+                config=config, url=self.settings.engine_url, kind=self.settings.engine_kind,
+                weights_dir=self.settings.engine_weights_dir / run_id, max_context=self.settings.max_context,
+                timeout_s=self.settings.engine_timeout_s,
+            )
+            if self.settings.engine_url
+            else PolicyEngine(
+                config=config, max_context=self.settings.max_context, max_sequences=self.settings.max_sequences,
+                prefill_chunk=self.settings.prefill_chunk,
+            )
+        )  # fmt: skip
         self.new_version = asyncio.Event()
         self.latest_announced = -1
         self.sandboxes = SandboxClient(rt.bus)
@@ -67,7 +74,7 @@ class RunWorker:
             )
             if manifest.version < self.latest_announced:
                 return  # a newer one was announced while this downloaded
-            await asyncio.to_thread(self.engine.swap, state, manifest.version)
+            await self.engine.load(state, manifest.version)
         except Exception as exc:  # keep sampling with the weights we have; the next announcement retries
             self.rt.log.error("could not load weights", run_id=self.run_id, version=version, error=repr(exc))
             return
@@ -79,7 +86,7 @@ class RunWorker:
         try:
             await self._run()
         finally:
-            self.engine.close()
+            await self.engine.aclose()
         await self._report()
         self.rt.log.info("run finished on this replica", run_id=self.run_id, episodes=self.episodes)
 

@@ -89,6 +89,7 @@ class ToolCallGrammar:
         tools: list[dict[str, Any]] = TOOLS,
         vocab_size: int | None = None,
         max_chars: int | None = None,
+        lark: str | None = None,
     ):
         import llguidance
         import llguidance.hf
@@ -101,12 +102,16 @@ class ToolCallGrammar:
         self.vocab_size = vocab_size or self.ll_tokenizer.vocab_size
         if self.vocab_size < self.ll_tokenizer.vocab_size:
             raise ToolCallError(f"the model's vocabulary ({self.vocab_size}) is smaller than the tokenizer's")
-        lark = f"start: {json.dumps(OPEN)} call {json.dumps(CLOSE)}\ncall: %json {json.dumps(action_schema(tools, max_chars=max_chars))}"
+        if lark is None:
+            schema = json.dumps(action_schema(tools, max_chars=max_chars))
+            lark = f"start: {json.dumps(OPEN)} call {json.dumps(CLOSE)}\ncall: %json {schema}"
+        self.lark = lark
+        """The grammar's text (llguidance's Lark dialect), as an external engine is sent it."""
         self.grammar = llguidance.LLMatcher.grammar_from_lark(lark)
         self._bit_shifts = torch.arange(32, dtype=torch.int32)  # a bitmask word's 32 tokens
         problem = llguidance.LLMatcher.validate_grammar(self.grammar, self.ll_tokenizer)
         if problem:
-            raise ToolCallError(f"the tool-call grammar does not compile: {problem}")
+            raise ToolCallError(f"the grammar does not compile: {problem}")
 
     @classmethod
     def for_agent(cls, tokenizer: Any, *, vocab_size: int, agent: AgentSection) -> ToolCallGrammar:

@@ -5,12 +5,14 @@ told otherwise.
     crucible serve ./hf-checkpoint --precision bf16 --max-sequences 32
 
 Any OpenAI client then works with base_url http://127.0.0.1:8000/v1. With `--port 0` the system picks
-a free port; the first line printed says which.
+a free port; the first line printed says which. With `--weights-dir DIR`, rollouts can drive it as an
+external engine and reload its weights (services.rollout.external).
 """
 
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -27,6 +29,10 @@ def serve(
     ] = None,
     max_sequences: Annotated[int, typer.Option(min=1, max=1024, help="Sequences decoded together.")] = 64,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
+    weights_dir: Annotated[
+        Path | None,
+        typer.Option(help="Allow POST /update_weights_from_disk to load checkpoints from under this directory."),
+    ] = None,
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     import torch
@@ -56,7 +62,7 @@ def serve(
     listener = socket.create_server((host, port))
     bound = listener.getsockname()[1]
     typer.echo(f"serving {engine.name} on http://{host}:{bound}/v1", err=False)
-    server = uvicorn.Server(uvicorn.Config(create_app(engine), log_level="warning", access_log=False))
+    server = uvicorn.Server(uvicorn.Config(create_app(engine, weights_dir=weights_dir), log_level="warning", access_log=False))
     try:
         server.run(sockets=[listener])
     finally:

@@ -431,18 +431,22 @@ def _read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], str
 
 def export_pretrained(model: Transformer, out: str | os.PathLike) -> Path:
     """Write `model` as a Hugging Face checkpoint directory (config.json + model.safetensors)."""
+    return export_weights(model.state_dict(), model.cfg, out)
+
+
+def export_weights(state: dict[str, torch.Tensor], cfg: ModelConfig, out: str | os.PathLike) -> Path:
+    """Write a Crucible state dict of architecture `cfg` as a Hugging Face checkpoint directory."""
     from safetensors.torch import save_file
 
     out = Path(out)
-    config = hf_config(model.cfg)
-    tensors = from_crucible(model.state_dict(), model.cfg)
+    config = hf_config(cfg)
+    tensors = from_crucible(state, cfg)
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "model.safetensors.partial"
     save_file({k: v.to(torch.float32) for k, v in tensors.items()}, os.fspath(partial), metadata={"format": "pt"})
     partial.rename(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out
-
 
 
 def from_transformers(hf_model: Any, *, dtype: torch.dtype = torch.float32) -> Transformer:

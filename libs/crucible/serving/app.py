@@ -8,6 +8,10 @@ naming a given tool stays text). Crucible's extensions, on every choice (and on 
 `token_ids` (the completion's), `policy_versions` (per token, the weights that sampled it) and
 `prompt_token_ids` (what the model was fed), so that a caller can record an episode token-in-token-out.
 A logprob is that of the distribution the token was drawn from (see crucible.serving.engine).
+
+For rollouts that drive an external engine (services.rollout.external), the server also speaks that
+client's two dialects: vLLM's `structured_outputs: {"grammar": ...}` on `/v1/completions`, and SGLang's
+native `/generate` (token ids in and out) and `/update_weights_from_disk` (with `--weights-dir`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -27,10 +32,19 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from crucible.agent.toolcalls import CLOSE, OPEN, ToolCallError, ToolCallGrammar, render_text
 from crucible.serving.engine import Finished, RequestError, Sampled, SamplingParams, ServingEngine
-from crucible.serving.protocol import ChatCompletionRequest, CompletionRequest, Message, NamedToolChoice
+from crucible.serving.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerateRequest,
+    Message,
+    NamedToolChoice,
+    UpdateWeightsRequest,
+)
 
 
-def create_app(engine: ServingEngine) -> FastAPI:
+def create_app(engine: ServingEngine, *, weights_dir: Path | None = None) -> FastAPI:
+    """The API over `engine`; with `weights_dir`, `/update_weights_from_disk` loads checkpoints from
+    under that directory (and nowhere else)."""
     app = FastAPI(title="Crucible OpenAI-compatible API", version="1")
     openai_errors(app)
 
@@ -65,8 +79,14 @@ def create_app(engine: ServingEngine) -> FastAPI:
             max_tokens=body.max_tokens, temperature=body.temperature, top_p=body.top_p,
             top_logprobs=body.logprobs or 0, seed=body.seed,
         )  # fmt: skip
+        grammar = None
+        if body.structured_outputs is not None:
+            lark = body.structured_outputs.grammar
+            if lark is None:
+                raise RequestError("structured_outputs names no grammar", param="structured_outputs")
+            grammar = await asyncio.to_thread(engine.lark_grammar, lark, param="structured_outputs.grammar")
         jobs = [
-            _Job(engine, prompt, _seeded(params, i * body.n + j), body.stops())
+            _Job(engine, prompt, _seeded(params, i * body.n + j), body.stops(), grammar)
             for i, prompt in enumerate(prompts)
             for j in range(body.n)
         ]
@@ -96,6 +116,56 @@ def create_app(engine: ServingEngine) -> FastAPI:
         await asyncio.gather(*(job.collect() for job in jobs))
         choices = [_chat_choice(engine, i, job, grammar, tools, body.logprobs) for i, job in enumerate(jobs)]
         return reply.body(choices, usage=_usage([prompt], jobs))
+
+    @app.post("/generate")
+    async def generate(body: GenerateRequest) -> dict[str, Any]:
+        """SGLang's native generation, token ids in and out (with Crucible's per-token versions)."""
+        sampling = body.sampling_params
+        engine.check_prompt(body.input_ids)
+        grammar = None
+        if sampling.ebnf is not None:
+            grammar = await asyncio.to_thread(engine.lark_grammar, sampling.ebnf, param="sampling_params.ebnf")
+        params = SamplingParams(
+            max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+            seed=sampling.sampling_seed,
+        )  # fmt: skip
+        job = _Job(engine, body.input_ids, params, [], grammar)
+        await job.collect()
+        ids = [s.token for s in job.sampled]
+        if not sampling.no_stop_trim and ids and ids[-1] == engine.tokenizer.eos_token_id:
+            ids = ids[:-1]  # SGLang leaves the stop token out unless asked to keep it
+        meta: dict[str, Any] = {
+            "id": uuid.uuid4().hex,
+            "finish_reason": {"type": job.finish},
+            "prompt_tokens": len(body.input_ids),
+            "completion_tokens": len(job.sampled),
+            "weight_version": str(job.sampled[0].version if job.sampled else engine.version),
+            "policy_versions": [s.version for s in job.sampled][: len(ids)],
+        }
+        if body.return_logprob:
+            meta["output_token_logprobs"] = [[s.logprob, s.token, None] for s in job.sampled][: len(ids)]
+        text = engine.tokenizer.decode(ids, skip_special_tokens=sampling.skip_special_tokens)
+        return {"text": text, "output_ids": ids, "meta_info": meta}
+
+    reload_lock = asyncio.Lock()
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(body: UpdateWeightsRequest) -> dict[str, Any]:
+        """SGLang's weight reload: a Hugging Face checkpoint directory under the server's weights
+        directory becomes the served weights, as `weight_version` (default: the next one)."""
+        if weights_dir is None:
+            raise RequestError("this server was started without --weights-dir: it loads no weights", param="model_path")
+        root = weights_dir.resolve()
+        path = Path(body.model_path).resolve()
+        if not path.is_relative_to(root):
+            raise RequestError("model_path is not under the server's weights directory", param="model_path")
+        try:
+            version = engine.version + 1 if body.weight_version is None else int(body.weight_version)
+        except ValueError:
+            raise RequestError("weight_version must be an integer", param="weight_version") from None
+        async with reload_lock:
+            await asyncio.to_thread(engine.reload, str(path), version)
+        return {"success": True, "message": f"loaded version {version}", "num_paused_requests": 0}
 
     return app
 

@@ -75,10 +75,12 @@ class ServingEngine:
         max_context: int | None = None,
         max_sequences: int = 64,
         prefill_chunk: int = 256,
+        precision: str = "fp32",
     ) -> None:
         if tokenizer is None or tokenizer.eos_token_id is None:
             raise ValueError("serving needs the model's own tokenizer, with an end-of-turn (eos) token")
         self.name = name
+        self.precision = precision  # of weights loaded later (`reload`)
         self.tokenizer = tokenizer
         self.vocab_size = model.cfg.vocab_size
         self.max_context = min(max_context or model.cfg.max_seq_len, model.cfg.max_seq_len)
@@ -100,7 +102,7 @@ class ServingEngine:
                 f"{source!r} is a preset: it speaks the byte-level format and has no chat template to serve"
             )
         model = initial_model(source, seed=0, precision=precision).eval().requires_grad_(False)
-        return cls(model=model, tokenizer=tokenizer, name=kwargs.pop("name", source), **kwargs)
+        return cls(model=model, tokenizer=tokenizer, name=kwargs.pop("name", source), precision=precision, **kwargs)
 
     @property
     def version(self) -> int:
@@ -115,20 +117,42 @@ class ServingEngine:
 
     def tool_grammar(self, tools: list[dict[str, Any]]) -> ToolCallGrammar:
         """The grammar of one call to one of `tools` (compiled once per tool set, a few kept)."""
-        key = json.dumps(tools, sort_keys=True)
+        build = lambda: ToolCallGrammar(self.tokenizer, tools=tools, vocab_size=self.vocab_size)  # noqa: E731
+        return self._grammar("tools:" + json.dumps(tools, sort_keys=True), build, "the tools' JSON schemas", "tools")
+
+    def lark_grammar(self, lark: str, *, param: str) -> ToolCallGrammar:
+        """A client's own grammar, in llguidance's Lark dialect (compiled once, a few kept)."""
+        build = lambda: ToolCallGrammar(self.tokenizer, lark=lark, vocab_size=self.vocab_size)  # noqa: E731
+        return self._grammar("lark:" + lark, build, "the grammar", param)
+
+    def _grammar(self, key: str, build: Any, what: str, param: str) -> ToolCallGrammar:
         grammar = self._grammars.get(key)
         if grammar is None:
             try:
-                grammar = ToolCallGrammar(self.tokenizer, tools=tools, vocab_size=self.vocab_size)
-            except Exception as exc:  # a schema llguidance cannot compile is the client's
-                raise RequestError(
-                    f"the tools' JSON schemas cannot be compiled: {exc}", param="tools"
-                ) from None
+                grammar = build()
+            except Exception as exc:  # a grammar llguidance cannot compile is the client's
+                raise RequestError(f"{what} cannot be compiled: {exc}", param=param) from None
             self._grammars[key] = grammar
             if len(self._grammars) > 16:
                 self._grammars.popitem(last=False)
         self._grammars.move_to_end(key)
         return grammar
+
+    def reload(self, path: str, version: int) -> None:
+        """New weights from a Hugging Face checkpoint directory, as `version` (never older than the one
+        served; the same one when a client loads the weights the server started on under its own number):
+        the next decode step uses them, sequences in flight go on."""
+        from crucible.model.sources import initial_model
+
+        if version < self.version:
+            raise RequestError(f"weight version {version} is older than {self.version}", param="weight_version")
+        try:
+            model = initial_model(path, seed=0, precision=self.precision).eval().requires_grad_(False)
+        except Exception as exc:  # a missing, foreign or truncated checkpoint is the caller's
+            raise RequestError(f"cannot load {path}: {exc}", param="model_path") from None
+        if model.cfg != self.batcher.model.cfg:
+            raise RequestError(f"{path} is a different architecture from the model served", param="model_path")
+        self.batcher.swap(model, version)
 
     def check_prompt(self, prompt: list[int]) -> None:
         if not prompt:

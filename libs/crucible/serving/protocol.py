@@ -1,5 +1,7 @@
 """The OpenAI request bodies Crucible serves, bounded: a field the API defines but Crucible does not
-use (penalties, logit_bias, user...) is accepted and ignored; a value out of range is a 400."""
+use (penalties, logit_bias, user...) is accepted and ignored; a value out of range is a 400. Beside
+them, the two extensions external-engine clients speak (services.rollout.external): vLLM's
+`structured_outputs` on `/v1/completions`, and SGLang's native `/generate` and `/update_weights_from_disk`."""
 
 from __future__ import annotations
 
@@ -96,6 +98,17 @@ class ChatCompletionRequest(_Sampling):
 TokenIds = Annotated[list[Annotated[int, Field(ge=0, lt=2**31)]], Field(min_length=1, max_length=1_000_000)]
 
 
+Grammar = Annotated[str, Field(min_length=1, max_length=200_000)]
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's extension: the completion is decoded under `grammar` (llguidance's Lark dialect). The other
+    kinds vLLM knows (json, regex, choice) are refused by name, never ignored."""
+
+    model_config = ConfigDict(extra="forbid")
+    grammar: Grammar | None = None
+
+
 class CompletionRequest(_Sampling):
     prompt: (
         Text
@@ -106,3 +119,32 @@ class CompletionRequest(_Sampling):
     max_tokens: Annotated[int, Field(ge=1, le=1_000_000)] | None = 16
     logprobs: Annotated[int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: bool = False
+    structured_outputs: StructuredOutputs | None = None
+
+
+class GenerateParams(BaseModel):
+    """SGLang's native `sampling_params`, the part Crucible serves; any other is refused by name."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_new_tokens: Annotated[int, Field(ge=1, le=1_000_000)] = 128
+    temperature: Annotated[float, Field(ge=0.0, le=2.0)] = 1.0
+    top_p: Annotated[float, Field(gt=0.0, le=1.0)] = 1.0
+    ebnf: Grammar | None = None
+    sampling_seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+
+
+class GenerateRequest(_Body):
+    """SGLang's native `/generate`, token ids in and out."""
+
+    input_ids: TokenIds
+    sampling_params: GenerateParams = Field(default_factory=GenerateParams)
+    return_logprob: bool = False
+
+
+class UpdateWeightsRequest(_Body):
+    """SGLang's `/update_weights_from_disk`: a Hugging Face checkpoint directory to load."""
+
+    model_path: Annotated[str, Field(min_length=1, max_length=4096)]
+    weight_version: Annotated[str, Field(max_length=64)] | None = None

@@ -5,22 +5,19 @@ would break that record is refused with a 400 while the episode goes on."""
 
 from __future__ import annotations
 
-import io
 import json
-import tarfile
-import uuid
 
 import httpx
 import openai
 import pytest
 import torch
+from calc_task import calc_task
 from chat_model import save_chat_model
 
 from crucible.agent import grammar
 from crucible.agent.episode import CHAT_SYSTEM_PROMPT
 from crucible.agent.toolcalls import TOOLS, render_prompt
 from crucible.clients.sandbox import SandboxClient
-from crucible.contracts.messages import TaskSpec
 from crucible.contracts.runconfig import RunConfig
 from crucible.model import ModelOutput
 from crucible.model.hf import load_pretrained
@@ -28,18 +25,6 @@ from services.rollout.engine import PolicyEngine
 from services.rollout.harness import Episodes, HarnessEpisode, episodes_app
 
 pytestmark = pytest.mark.integration
-REPO = {"calc/__init__.py": "", "calc/ops.py": "def add(a, b):\n    return a - b\n"}
-
-
-def _tar_gz(files: dict[str, str]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
 
 
 def _engine(checkpoint, tokenizer) -> PolicyEngine:
@@ -64,9 +49,8 @@ async def test_a_harness_turn_is_recorded_token_for_token_and_bad_requests_are_r
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     engine = _engine(checkpoint, tokenizer)
-    snapshot = await store.put_bytes(f"tasksets/test/{uuid.uuid4().hex}.tar.gz", _tar_gz(REPO))
-    task = TaskSpec(task_id="calc-1", taskset="test", difficulty=1, statement="Fix add().", snapshot=snapshot)
-    session = await SandboxClient(bus).create(run_id="harness-test", task_id=task.task_id, snapshot=snapshot)
+    task = await calc_task(store)
+    session = await SandboxClient(bus).create(run_id="harness-test", task_id=task.task_id, snapshot=task.snapshot)
     episodes = Episodes()
     episode = HarnessEpisode(engine=engine, config=engine.config, task=task, session=session, seed=3, tool_timeout_s=10)
     episodes.live[episode.id] = episode

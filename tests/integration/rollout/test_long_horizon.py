@@ -7,18 +7,14 @@ rollout sampled with (which it would not, fed the trajectory as one sequence).""
 
 from __future__ import annotations
 
-import io
-import tarfile
-import uuid
-
 import pytest
 import torch
+from calc_task import calc_task
 from chat_model import save_chat_model
 
 from crucible.agent import tokenizer as bytes_format
 from crucible.agent.episode import SUMMARY_INTRO, SUMMARY_REQUEST, run_episode
 from crucible.clients.sandbox import SandboxClient
-from crucible.contracts.messages import TaskSpec
 from crucible.contracts.packing import unpack
 from crucible.contracts.runconfig import RunConfig
 from crucible.model import PRESETS, ModelOutput, Transformer, build_model
@@ -28,19 +24,7 @@ from services.trainer.batch import collate, validate
 from services.trainer.step import replayed_masks, token_logprobs
 
 pytestmark = pytest.mark.integration
-REPO = {"calc/__init__.py": "", "calc/ops.py": "def add(a, b):\n    return a - b\n"}
 AGENT = {"max_turns": 12, "max_action_tokens": 24, "max_observation_bytes": 48, "max_summary_tokens": 24}
-
-
-def _tar_gz(files: dict[str, str]) -> bytes:
-    out = io.BytesIO()
-    with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        for name, text in files.items():
-            data = text.encode()
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return out.getvalue()
 
 
 def _byte_engine() -> tuple[PolicyEngine, torch.nn.Module]:
@@ -74,9 +58,8 @@ def _chat_engine(tmp_path) -> tuple[PolicyEngine, torch.nn.Module]:
 @pytest.mark.parametrize("agent_format", ["bytes", "chat"])
 async def test_an_episode_summarises_and_goes_on_in_a_new_context(tmp_path, bus, store, sandbox, agent_format):
     engine, model = _byte_engine() if agent_format == "bytes" else _chat_engine(tmp_path)
-    snapshot = await store.put_bytes(f"tasksets/test/{uuid.uuid4().hex}.tar.gz", _tar_gz(REPO))
-    task = TaskSpec(task_id="calc-1", taskset="test", difficulty=1, statement="Fix add().", snapshot=snapshot)
-    session = await SandboxClient(bus).create(run_id="long-horizon-test", task_id=task.task_id, snapshot=snapshot)
+    task = await calc_task(store)
+    session = await SandboxClient(bus).create(run_id="long-horizon-test", task_id=task.task_id, snapshot=task.snapshot)
     try:
         async with session:
             trajectory = await run_episode(

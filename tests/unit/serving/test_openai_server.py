@@ -5,8 +5,6 @@ requests answered with a 400 while the server goes on serving."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +14,7 @@ import openai
 import pytest
 import torch
 from chat_model import save_chat_model
+from crucible_serve import crucible_serve
 
 from crucible.agent.toolcalls import render_text
 from crucible.model.hf import load_pretrained
@@ -52,27 +51,8 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def base_url(checkpoint: Path) -> Iterator[str]:
-    process = subprocess.Popen(
-        [sys.executable, "-c", "from crucible.cli.main import app; app()", "serve", str(checkpoint),
-         "--port", "0", "--name", "tiny-chat", "--threads", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        line = process.stdout.readline()  # "serving NAME on URL", once the model is loaded
-        assert " on http" in line, process.stderr.read()
-        url = line.rsplit(" on ", 1)[1].strip()
-        deadline = time.monotonic() + 60
-        while True:  # the socket is bound: wait until the app answers
-            try:
-                if httpx.get(url.removesuffix("/v1") + "/health", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline and process.poll() is None, "the server did not come up"
+    with crucible_serve(str(checkpoint), "--name", "tiny-chat", "--threads", "1") as url:
         yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
