@@ -6,6 +6,7 @@ and `Batch.from_rows` move per-token values between the two layouts."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,8 @@ def validate(trajectory: Trajectory) -> None:
         raise ContractError(f"trajectory {t.trajectory_id}: per-token arrays differ in length: {sizes}")
     if sizes["tokens"] < 2:
         raise ContractError(f"trajectory {t.trajectory_id}: fewer than two tokens")
+    if not all(map(math.isfinite, unpack("f32", t.logprobs))):
+        raise ContractError(f"trajectory {t.trajectory_id}: behaviour logprobs that are not finite")
     starts = t.context_starts
     if starts and (starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= sizes["tokens"]):
         raise ContractError(

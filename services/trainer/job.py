@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -40,10 +41,10 @@ from crucible.rl.advantages import group_advantages, is_uniform
 from crucible.rl.staleness import staleness
 from crucible.runtime import Runtime
 from services.trainer.batch import collate, validate
-from services.trainer.metrics import STEP_SECONDS, STEPS, TRAJECTORIES, VERSION
+from services.trainer.metrics import SKIPPED_STEPS, STEP_SECONDS, STEPS, TRAJECTORIES, VERSION
 from services.trainer.settings import Settings
 from services.trainer.sft import batches, render
-from services.trainer.step import sft_step, train_step
+from services.trainer.step import NonFiniteStep, sft_step, train_step
 
 PUBLISH_ATTEMPTS = 5
 MAX_REPORTED_LOSSES = 200
@@ -51,6 +52,10 @@ MAX_REPORTED_LOSSES = 200
 
 class RunStartError(RuntimeError):
     """The run cannot start: its initial weights or its warm start's demonstrations are missing."""
+
+
+class RunFailed(RuntimeError):
+    """The run cannot go on (the message says why): it ends as failed."""
 
 
 @dataclass
@@ -74,6 +79,7 @@ class RunJob:
             else None
         )
         self.dropped_groups = 0  # uniform-reward groups dropped since the last step
+        self.skipped_steps = 0  # steps skipped for non-finite numbers since the last step taken
         self.tokenizer = load_tokenizer(self.config.model.source)
         self.tool_calls = (  # the rollouts' action grammar, replayed over the sampled tokens
             None
@@ -82,6 +88,7 @@ class RunJob:
         )
         self.step = 0
         self.version = -1
+        self.state_slot = 1  # the slot of the last state saved (the first save goes to slot 0)
         self.trained: set[str] = set()
         self.last_step: StepReport | None = None
         self.groups: dict[str, Group] = {}
@@ -94,18 +101,31 @@ class RunJob:
         return initial_model(model.source, seed=self.config.seed, precision=model.precision)
 
     async def _resume(self) -> None:
-        try:
-            data = await self.rt.store.get_bytes(self.rt.store.uri(trainer_state_key(self.run_id)), verify=False)
-        except ObjectNotFound:
+        """Take back the newest of the two saved states that reads whole (one torn or corrupt write
+        costs at most the step it held); none saved: a new run."""
+        found, unreadable = [], []
+        for slot in (0, 1):
+            try:
+                data = await self.rt.store.get_bytes(self.rt.store.uri(trainer_state_key(self.run_id, slot)), verify=False)
+                state = await asyncio.to_thread(torch.load, io.BytesIO(data), weights_only=True)
+                found.append(((int(state["step"]), int(state["version"])), slot, state))
+            except ObjectNotFound:
+                continue
+            except Exception as exc:  # a torn or foreign object: the other slot holds the state before it
+                unreadable.append(slot)
+                self.rt.log.warning("trainer state unreadable", run_id=self.run_id, slot=slot, error=repr(exc))
+        if not found:
+            if unreadable:
+                raise RunFailed(f"no saved trainer state reads whole (slots {unreadable}): the run cannot resume")
             return
-        state = torch.load(io.BytesIO(data), weights_only=True)
+        _, self.state_slot, state = max(found, key=lambda item: item[0])
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.step, self.version = int(state["step"]), int(state["version"])
         self.trained = set(state["trained"])
         if state.get("last_step"):
             self.last_step = msgspec.convert(state["last_step"], StepReport)
-        self.rt.log.info("resumed run", run_id=self.run_id, step=self.step, version=self.version)
+        self.rt.log.info("resumed run", run_id=self.run_id, step=self.step, version=self.version, slot=self.state_slot)
 
     async def _start(self) -> None:
         """A new run's version 0: the source's weights (or `model.init`'s), then the warm start if any."""
@@ -175,7 +195,9 @@ class RunJob:
             "last_step": msgspec.to_builtins(self.last_step) if self.last_step else None,
         }
         await asyncio.to_thread(torch.save, state, buffer)
-        await self.rt.store.put_bytes(trainer_state_key(self.run_id), buffer.getvalue())
+        slot = 1 - self.state_slot  # the other slot keeps the state before this one
+        await self.rt.store.put_bytes(trainer_state_key(self.run_id, slot), buffer.getvalue())
+        self.state_slot = slot
 
     async def _publish(self) -> None:
         """Publish the current weights as `self.version`, retrying while the checkpoints service is away."""
@@ -244,7 +266,11 @@ class RunJob:
         """Train the run to its end; `run_delivery` (its RunCreated message) is held until then."""
         consumer: asyncio.Task | None = None
         try:
-            await self._resume()
+            try:
+                await self._resume()
+            except RunFailed as exc:
+                await self._fail(run_delivery, str(exc))
+                return
             await self._event(RunStatus(status="running"))
             if self.version < 0:
                 try:
@@ -273,7 +299,11 @@ class RunJob:
                     except TimeoutError:
                         pass
                     continue
-                await self._train([self.groups.pop(gid) for gid in ready])
+                try:
+                    await self._train([self.groups.pop(gid) for gid in ready])
+                except RunFailed as exc:
+                    await self._fail(run_delivery, str(exc))
+                    return
             if self.rt.stopping.is_set():
                 # Hand the run and everything held back at once: a trainer (this one, restarted) resumes.
                 await self._hand_back(run_delivery)
@@ -298,11 +328,15 @@ class RunJob:
                 await delivery.ack()
             self.dropped_groups += 1
             TRAJECTORIES.labels(self.run_id, "uniform").inc(len(group.members))
-            try:
-                async with self.rt.redis.pipeline(transaction=True) as pipe:
-                    await pipe.incr(refills_key(self.run_id)).expire(refills_key(self.run_id), DAY_S).execute()
-            except Exception as exc:  # Redis is coordination only: the run may then admit one group less
-                self.rt.log.warning("could not ask for a refill", run_id=self.run_id, error=repr(exc))
+            await self._refill(1)
+
+    async def _refill(self, groups: int) -> None:
+        """Tell the rollouts to admit `groups` more groups in place of groups that will never be trained."""
+        try:
+            async with self.rt.redis.pipeline(transaction=True) as pipe:
+                await pipe.incrby(refills_key(self.run_id), groups).expire(refills_key(self.run_id), DAY_S).execute()
+        except Exception as exc:  # Redis is coordination only: the run may then admit fewer groups
+            self.rt.log.warning("could not ask for a refill", run_id=self.run_id, error=repr(exc))
 
     async def _consume(self) -> None:
         await self.rt.bus.consume(
@@ -338,9 +372,13 @@ class RunJob:
             self.rt.log.warning("could not delete the run's consumer", durable=durable, error=repr(exc))
 
     async def _fail(self, run_delivery: Delivery, error: str) -> None:
-        """End a run that cannot start: said over the run's events (REST shows it), never retried."""
+        """End a run that cannot start or go on: said over the run's events (REST shows it), never retried."""
         self.rt.log.error("run failed", run_id=self.run_id, error=error)
         await self._announce_end("failed", error)
+        for group in self.groups.values():  # graded, and nobody will train on them
+            for _, delivery in group.members.values():
+                await delivery.ack()
+        self.groups.clear()
         await run_delivery.ack()
 
     async def _announce_end(self, status: str, error: str = "") -> None:
@@ -395,16 +433,24 @@ class RunJob:
             self.rt.log.warning("no trainable trajectories in these groups", run_id=self.run_id, stale=len(stale))
             await self._ack_step()
             return
-        metrics = await asyncio.to_thread(
-            train_step,
-            model=self.model,
-            optimizer=self.optimizer,
-            batch=collate([g.trajectory for g in graded], advantages),
-            optim=self.config.optim,
-            temperature=self.config.agent.temperature,
-            reference=self.reference,
-            tool_calls=self.tool_calls,
-        )
+        try:
+            if not all(math.isfinite(g.reward.total) for g in graded):
+                raise NonFiniteStep("rewards")
+            if not all(math.isfinite(a) for a in advantages):
+                raise NonFiniteStep("advantages")
+            metrics = await asyncio.to_thread(
+                train_step,
+                model=self.model,
+                optimizer=self.optimizer,
+                batch=collate([g.trajectory for g in graded], advantages),
+                optim=self.config.optim,
+                temperature=self.config.agent.temperature,
+                reference=self.reference,
+                tool_calls=self.tool_calls,
+            )
+        except NonFiniteStep as exc:
+            await self._skip_step(exc, [g.trajectory.trajectory_id for g in graded], groups=len(groups))
+            return
         self.step += 1
         self.trained.update(g.trajectory.trajectory_id for g in graded)
         STEPS.labels(self.run_id).inc()
@@ -423,11 +469,12 @@ class RunJob:
                 "stale_dropped": float(len(stale)),
                 "groups_dropped": float(self.dropped_groups),
                 "groups_dropped_fraction": self.dropped_groups / (self.dropped_groups + len(groups)),
+                "skipped_steps": float(self.skipped_steps),
                 **{f"staleness_lag_{lag}": float(lags.count(lag)) for lag in range(max(lags) + 1)},
                 "step_seconds": time.perf_counter() - started,
             }
         )
-        self.dropped_groups = 0
+        self.dropped_groups = self.skipped_steps = 0
         STEP_SECONDS.observe(metrics["step_seconds"])
         self.last_step = StepReport(
             step=self.step,
@@ -445,6 +492,24 @@ class RunJob:
         await self._ack_step()
         await self._event(self.last_step)
         self.rt.log.info("step", run_id=self.run_id, step=self.step, **{k: round(v, 4) for k, v in metrics.items()})
+
+    async def _skip_step(self, exc: NonFiniteStep, trajectory_ids: list[str], *, groups: int) -> None:
+        """A step whose numbers are not finite is not taken: nothing is trained, saved or published, its
+        trajectories are acknowledged untrained (they would fail again) and as many groups are asked
+        for again, and after
+        `max_nonfinite_steps` such steps in a row the run fails with the reason."""
+        self.skipped_steps += 1
+        SKIPPED_STEPS.labels(self.run_id, exc.reason).inc()
+        TRAJECTORIES.labels(self.run_id, "non_finite").inc(len(trajectory_ids))
+        self.rt.log.error(
+            "step skipped", run_id=self.run_id, reason=exc.reason, in_a_row=self.skipped_steps,
+            trajectories=trajectory_ids[:8],
+        )  # fmt: skip
+        await self._ack_step()
+        await self._refill(groups)
+        limit = self.settings.max_nonfinite_steps
+        if self.skipped_steps >= limit:
+            raise RunFailed(f"{self.skipped_steps} steps in a row had non-finite {exc.reason} (limit {limit})")
 
     async def _ack_step(self) -> None:
         for delivery in self.in_step:

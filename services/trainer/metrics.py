@@ -10,7 +10,11 @@ STEP_SECONDS = Histogram(
 TRAJECTORIES = Counter(
     "crucible_trainer_trajectories_total",
     "Graded trajectories by what the trainer did with them: trained, stale (over the staleness bound) or "
-    "alone (too few of their group left to compare against) or uniform (a dropped group of equal rewards)",
+    "alone (too few of their group left to compare against), uniform (a dropped group of equal rewards) or "
+    "non_finite (in a step skipped for non-finite numbers)",
     ["run_id", "result"],
 )
 VERSION = Gauge("crucible_trainer_policy_version", "Newest weight version published", ["run_id"])
+SKIPPED_STEPS = Counter(
+    "crucible_trainer_skipped_steps_total", "Steps not taken for non-finite numbers, by what", ["run_id", "reason"]
+)

@@ -17,6 +17,9 @@ class Settings(CommonSettings):
     """Deadline for one tool call of a demonstration."""
     demo_concurrency: int = Field(default=2, ge=1, le=64)
     """Demonstrations played in sandboxes at once."""
+    max_nonfinite_steps: int = Field(default=3, ge=1)
+    """Steps in a row skipped for non-finite rewards, advantages, loss or gradients after which the run
+    fails (with that reason)."""
     heartbeat_s: float = Field(default=20.0, gt=0)
     """How often held messages get their ack deadline extended; shorter than ack_wait_s."""
 

@@ -120,10 +120,27 @@ def sft_step(
     return {**_apply(model, optimizer, loss, max_grad_norm), "tokens": float(tokens)}
 
 
+class NonFiniteStep(ArithmeticError):
+    """The step's loss or gradients are not finite: nothing was applied (weights, optimizer state and
+    router biases are as before the step). `reason` names what was not finite."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"non-finite {reason}: the step was not applied")
+        self.reason = reason
+
+
 def _apply(model: Transformer, optimizer: torch.optim.Optimizer, loss: torch.Tensor, max_grad_norm: float) -> dict[str, float]:
-    """Backward, clip, step, then the router bias update (loss-free load balancing, from this step's load)."""
+    """Backward, clip, step, then the router bias update (loss-free load balancing, from this step's load).
+    A non-finite loss or gradient raises NonFiniteStep before anything changes."""
+    if not torch.isfinite(loss.detach()):
+        model.update_router_biases(rate=0.0)  # forget the load this forward counted
+        raise NonFiniteStep("loss")
     loss.backward()
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    if not torch.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        model.update_router_biases(rate=0.0)
+        raise NonFiniteStep("gradients")
     optimizer.step()
     model.update_router_biases()
     return {"loss": float(loss.detach()), "grad_norm": float(grad_norm)}

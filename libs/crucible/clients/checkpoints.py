@@ -58,13 +58,17 @@ async def publish_weights(
 
     Safe to retry: shards serialize to the same bytes every time, and a version that is already
     committed is never overwritten (different weights for it raise WeightsError before any upload).
+    Weights with a non-finite value are refused (WeightsError) before anything is uploaded.
     """
+    import torch
     from safetensors.torch import save
 
     if not state_dict:
         raise ValueError("state_dict is empty")
-    committed = await _committed(bus=bus, run_id=run_id, version=version)
     tensors = {name: t.detach().to("cpu").contiguous() for name, t in state_dict.items()}
+    if bad := [n for n, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]:
+        raise WeightsError(f"run {run_id} version {version}: {bad[:8]} hold non-finite values; nothing is published")
+    committed = await _committed(bus=bus, run_id=run_id, version=version)
     sizes = {name: t.numel() * t.element_size() for name, t in tensors.items()}
     entries: list[TensorEntry] = []
     shards: list[ObjectRef] = []

@@ -142,3 +142,53 @@ async def test_a_published_version_exports_to_a_directory_transformers_loads(com
     x = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (reloaded(x).logits - model.eval()(x).logits).abs().max() <= 1e-4
+
+
+async def _finished(bus: Bus, run_id: str) -> RunFinished:
+    for _ in range(600):  # the run's durable end, observed
+        finished = await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished)
+        if finished is not None:
+            return finished
+        await asyncio.sleep(0.1)
+    pytest.fail("the run did not finish")
+
+
+async def test_a_step_with_a_non_finite_reward_is_skipped_and_too_many_fail_the_run(common_settings) -> None:
+    """One bad group costs one skipped step (its groups asked for again) and the run trains on; as many
+    bad steps in a row as the limit fail the run with the reason. A torn trainer state is survived."""
+    from crucible.contracts.keys import trainer_state_key
+    from services.trainer.job import RunFailed, RunJob
+
+    config = RunConfig.model_validate(
+        {"schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1, "publish_every": 1}}
+    )
+    trainer = common_settings(TrainerSettings, ack_wait_s=30, heartbeat_s=5, max_nonfinite_steps=2)
+    recovers, fails = f"run-{uuid.uuid4().hex[:12]}", f"run-{uuid.uuid4().hex[:12]}"
+    nan = float("nan")
+    async with (
+        running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
+        running("trainer", trainer, trainer_setup) as rt,
+    ):
+        bus: Bus = rt.bus
+        for run_id, groups in ((recovers, [("bad", nan), ("good", 1.0)]), (fails, [("also-bad", nan), ("worse", nan)])):
+            created = RunCreated(run_id=run_id, name="nan", config=config, created_at=time.time())
+            await bus.publish(subjects.run_created(run_id), created, msg_id=run_id)
+            for group, reward in groups:
+                for index, member_reward in enumerate((reward, 0.0)):  # (message ids are the stream's)
+                    message = graded(run_id, group, index, member_reward, "grep")
+                    await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
+        recovered, failed = await _finished(bus, recovers), await _finished(bus, fails)
+        step = (await bus.latest(subjects.EVENTS, subjects.events(recovers, "step"), Event)).data
+        # the trainer's state: the newest of two slots that reads whole
+        store = rt.store
+        await store.put_bytes(trainer_state_key(recovers, 1), b"torn")  # the newest save, step 1
+        job = RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0))
+        await job._resume()
+        assert (job.step, job.version) == (0, 0)  # the state before it
+        await store.put_bytes(trainer_state_key(recovers, 0), b"torn too")
+        with pytest.raises(RunFailed, match="reads whole"):
+            await RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0))._resume()
+    assert recovered.status == "finished" and recovered.step == 1
+    assert isinstance(step, StepReport) and sorted(step.trajectory_ids) == ["good-0", "good-1"]
+    assert step.metrics["skipped_steps"] == 1.0
+    assert failed.status == "failed" and "non-finite rewards" in failed.error and failed.step == 0
