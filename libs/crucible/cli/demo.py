@@ -62,8 +62,7 @@ def demo(
     ] = False,
 ) -> None:
     """Start every service locally and train a tiny policy for a few steps."""
-    import httpx
-
+    from crucible.cli.stopping import ignore_stop_signals, interruptible
     from crucible.contracts.runconfig import RunConfig
     from crucible.localstack import LocalStack
 
@@ -76,38 +75,52 @@ def demo(
         typer.echo(f"crucible demo: bad run config ({config_file or 'the demo config'}): {exc}", err=True)
         raise typer.Exit(2) from None
     started = time.monotonic()
+    stack = LocalStack(api_port=0)
+    with interruptible():
+        try:
+            _run(stack, config=config, console=console, started=started, as_json=as_json, timeout=timeout,
+                 keep_running=keep_running)  # fmt: skip
+        except KeyboardInterrupt:
+            console.print("interrupted: stopping the stack")
+            raise typer.Exit(130) from None
+        finally:
+            ignore_stop_signals()
+            with console.status("stopping the stack…"):
+                stack.stop()
+
+
+def _run(stack, *, config, console: Console, started: float, as_json: bool, timeout: float, keep_running: bool) -> None:
+    """Start the stack, run the demo's run on it, print its summary (the caller stops the stack)."""
+    import httpx
+
     with console.status("starting NATS, S3, Redis, the database and seven services…"):
-        stack = LocalStack(api_port=0).start()
-    try:
-        client = httpx.Client(base_url=stack.api_url, timeout=30)
-        response = client.post("/v1/runs", json={"name": "demo", "config": config})
-        if response.status_code != 201:
-            console.print(f"[red]could not create the run: {response.status_code} {response.text}[/red]")
-            raise typer.Exit(1)
-        run_id = response.json()["run_id"]
-        console.print(f"run [bold]{run_id}[/bold] created; API at {stack.api_url}")
-        console.print(f"dashboard: {stack.api_url}/runs/{run_id}" + ("" if keep_running else " (--keep-running keeps it up after the run)"))
-        progress = _follow(client=client, stack=stack, run_id=run_id, console=console, timeout=timeout)
-        summary = _summary(
-            client=client, run_id=run_id, api_url=stack.api_url, elapsed=time.monotonic() - started
-        )
-        summary["progress_ok"] = progress
-        if as_json:
-            print(json.dumps(summary, indent=2))
-        else:
-            _print_summary(console, summary)
-        if keep_running:
-            console.print("stack is up; Ctrl-C stops it")
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
-        if summary["status"] != "finished":
-            raise typer.Exit(1)
-    finally:
-        with console.status("stopping the stack…"):
-            stack.stop()
+        stack.start()
+    client = httpx.Client(base_url=stack.api_url, timeout=30)
+    response = client.post("/v1/runs", json={"name": "demo", "config": config})
+    if response.status_code != 201:
+        console.print(f"[red]could not create the run: {response.status_code} {response.text}[/red]")
+        raise typer.Exit(1)
+    run_id = response.json()["run_id"]
+    console.print(f"run [bold]{run_id}[/bold] created; API at {stack.api_url}")
+    console.print(f"dashboard: {stack.api_url}/runs/{run_id}" + ("" if keep_running else " (--keep-running keeps it up after the run)"))
+    progress = _follow(client=client, stack=stack, run_id=run_id, console=console, timeout=timeout)
+    summary = _summary(
+        client=client, run_id=run_id, api_url=stack.api_url, elapsed=time.monotonic() - started
+    )
+    summary["progress_ok"] = progress
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(console, summary)
+    if keep_running:
+        console.print("stack is up; Ctrl-C stops it")
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    if summary["status"] != "finished":
+        raise typer.Exit(1)
 
 
 def _pages(client, path: str, **params) -> list[dict[str, Any]]:

@@ -1,22 +1,18 @@
-"""`crucible up`: the whole stack in the foreground, with a live status table; Ctrl-C or SIGTERM stops
-every service (they drain first), then the embedded servers."""
+"""`crucible up`: the whole stack in the foreground, with a live status table; Ctrl-C, SIGTERM or a
+closed terminal stops every service (they drain first), then the embedded servers. A service that
+exits on its own is started again after a backoff (1 s, doubling to 60 s; back to 1 s once it has run
+for 5 minutes), and the table and a line say so."""
 
 from __future__ import annotations
 
-import signal
 import time
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-
-# A closed terminal (SIGHUP) stops the stack like Ctrl-C; SIGINT is handled even when a shell started
-# us in the background with it ignored.
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 if TYPE_CHECKING:
     from crucible.localstack import LocalStack
@@ -48,6 +44,7 @@ def up(
     ] = 180.0,
 ) -> None:
     """Start NATS, S3, Redis and every service on this machine and run until interrupted."""
+    from crucible.cli.stopping import ignore_stop_signals, interruptible
     from crucible.localstack import SERVICES, LocalStack, MigrationError, ServerStartError, ServiceError
     from crucible.settings import CommonSettings
 
@@ -73,29 +70,22 @@ def up(
         _error(console, f"crucible up: {exc}")
         raise typer.Exit(2) from None
 
-    previous = {sig: signal.signal(sig, _interrupt) for sig in STOP_SIGNALS}
-    try:
-        with console.status("starting the stack…"):
-            stack.start()
-        console.print(f"API: {stack.api_url}    logs: {stack.state_dir}/logs    Ctrl-C stops everything")
-        _supervise(stack, console)
-    except KeyboardInterrupt:
-        pass
-    except (ServerStartError, ServiceError, MigrationError) as exc:
-        _error(console, f"crucible up: {exc}")
-        raise typer.Exit(1) from None
-    finally:
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, signal.SIG_IGN)
-        _say(console, "stopping…")
-        stack.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
+    with interruptible():
+        try:
+            with console.status("starting the stack…"):
+                stack.start()
+            console.print(f"API: {stack.api_url}    logs: {stack.state_dir}/logs    Ctrl-C stops everything")
+            _supervise(stack, console)
+        except KeyboardInterrupt:
+            pass
+        except (ServerStartError, ServiceError, MigrationError) as exc:
+            _error(console, f"crucible up: {exc}")
+            raise typer.Exit(1) from None
+        finally:
+            ignore_stop_signals()
+            _say(console, "stopping…")
+            stack.stop()
     _say(console, "stopped")
-
-
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def _error(console: Console, message: str) -> None:
@@ -110,15 +100,34 @@ def _say(console: Console, message: str) -> None:
         pass
 
 
+RESTART_FIRST_S, RESTART_MAX_S, RESTART_RESET_S = 1.0, 60.0, 300.0
+
+
 def _supervise(stack: LocalStack, console: Console) -> None:
+    backoff: dict[str, float] = {}  # a service's next restart delay
+    due: dict[str, float] = {}  # when an exited service starts again
+    started: dict[str, float] = {name: time.monotonic() for name in stack.services}
     with Live(_table(stack), console=console, refresh_per_second=2) as live:
         while True:
+            now = time.monotonic()
             for name, code in stack.poll():
-                live.console.print(
-                    f"{name} exited with code {code} (log: {_log_of(stack, name)})", style="red", markup=False
-                )
+                line = f"{name} exited with code {code} (log: {_log_of(stack, name)})"
+                if name in stack.services:
+                    if now - started[name] >= RESTART_RESET_S:
+                        backoff[name] = RESTART_FIRST_S
+                    delay = backoff.get(name, RESTART_FIRST_S)
+                    backoff[name] = min(2 * delay, RESTART_MAX_S)
+                    due[name] = now + delay
+                    line += f"; restarting it in {delay:.0f} s"
+                live.console.print(line, style="red", markup=False)
+            for name, when in list(due.items()):
+                if when <= now:
+                    del due[name]
+                    started[name] = now
+                    stack.services[name].start()
+                    live.console.print(f"{name} restarted (start {stack.services[name].starts})", markup=False)
             live.update(_table(stack))
-            time.sleep(1.0)
+            time.sleep(0.5)
 
 
 def _log_of(stack: LocalStack, name: str) -> Path:

@@ -1,9 +1,11 @@
 """Child-process plumbing shared by the embedded servers and the local stack: free loopback ports,
-finding the binaries that ship as Python packages, starting a process with its output in a log file,
-and stopping processes (SIGTERM, a grace period, then SIGKILL)."""
+finding the binaries that ship as Python packages, starting a process with its output in a log file
+(and, on Linux, a SIGTERM when its parent dies, however it dies), and stopping processes (SIGTERM, a
+grace period, then SIGKILL)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -54,6 +56,23 @@ def find_binary(*, name: str, package: str) -> Path:
     )
 
 
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True) if sys.platform == "linux" else None
+
+
+def _die_with(parent: int):
+    """A preexec function: the child gets SIGTERM when `parent` dies (even by SIGKILL), and if `parent`
+    is already gone when it starts, ends at once. (The kernel's parent-death signal follows the thread
+    that forked; the stack spawns from threads that live as long as it.)"""
+
+    def setup() -> None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return setup
+
+
 def spawn(
     *,
     argv: Sequence[str | os.PathLike[str]],
@@ -62,7 +81,8 @@ def spawn(
     cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
     """Start a child in its own session (a terminal's Ctrl-C reaches only the parent, which then stops
-    children in order), stdout and stderr appended to `log_path`."""
+    children in order), stdout and stderr appended to `log_path`; it gets SIGTERM if the parent dies
+    without stopping it."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "ab") as log:
         return subprocess.Popen(
@@ -73,6 +93,7 @@ def spawn(
             env=dict(env) if env is not None else None,
             cwd=cwd,
             start_new_session=True,
+            preexec_fn=_die_with(os.getpid()) if _LIBC is not None else None,
         )
 
 

@@ -4,10 +4,12 @@ it started on Ctrl-C, SIGTERM or a closed terminal."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -118,6 +120,81 @@ def test_up_runs_until_signalled_then_stops_everything(
     assert "stopped" in output
     assert processes_under(state) == []
     assert (state / "logs" / "checkpoints.log").is_file(), "a state dir the user chose is kept"
+
+
+def _read_until(process: subprocess.Popen, prefix: str, lines: list[str], *, timeout_s: float = 120) -> str:
+    """Lines of `process`'s output up to the first that contains `prefix` (which it returns)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        assert line or process.poll() is None, "the command exited:\n" + "".join(lines)
+        lines.append(line)
+        if prefix in line:
+            return line
+    pytest.fail(f"no {prefix!r} in the output:\n" + "".join(lines))
+
+
+def _gone(directory: Path, *, timeout_s: float = 60) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while processes_under(directory) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return processes_under(directory) == []
+
+
+@pytest.mark.slow
+def test_up_restarts_a_service_that_dies_and_its_children_die_with_it(tmp_path: Path, s3: dict[str, str]) -> None:
+    env = {
+        **os.environ, "COLUMNS": "200", "NO_COLOR": "1", "CRUCIBLE_S3_ACCESS_KEY": s3["s3_access_key"],
+        "CRUCIBLE_S3_SECRET_KEY": s3["s3_secret_key"], "CRUCIBLE_S3_BUCKET": f"cli-{uuid.uuid4().hex[:12]}",
+    }  # fmt: skip
+    state = tmp_path / "state"
+    up = subprocess.Popen(
+        [sys.executable, "-c", "from crucible.cli.main import app; app()", "up", "--service", "checkpoints",
+         "--api-port", "0", "--state-dir", str(state), "--s3-endpoint", s3["s3_endpoint"]],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        _read_until(up, "API: ", lines)
+        (first,) = processes_under(state / "services" / "checkpoints")
+        os.kill(first, signal.SIGKILL)
+        exited = _read_until(up, "checkpoints exited", lines)
+        assert "code -9" in exited and exited.rstrip().endswith("restarting it in 1 s")
+        _read_until(up, "checkpoints restarted", lines)
+        (second,) = processes_under(state / "services" / "checkpoints")
+        assert second != first
+        up.kill()  # the supervisor itself dies outright: everything it started goes with it
+        up.wait(timeout=30)
+        assert _gone(state), f"left running: {processes_under(state)}"
+    finally:
+        if up.poll() is None:
+            up.kill()
+
+
+@pytest.mark.slow
+def test_demo_stopped_by_sigterm_stops_the_stack() -> None:
+    # the demo's state dir is a temp dir: here one of the test's, which the sandbox uid can reach
+    tmp_path = Path(tempfile.mkdtemp(prefix="crucible-test-demo-", dir="/tmp"))
+    tmp_path.chmod(0o755)
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TMPDIR": str(tmp_path)}
+    demo = subprocess.Popen(
+        [sys.executable, "-c", "from crucible.cli.main import app; app()", "demo"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        _read_until(demo, "created; API at", lines, timeout_s=300)
+        assert processes_under(tmp_path), "the stack runs under the temp dir"
+        demo.send_signal(signal.SIGTERM)
+        output, _ = demo.communicate(timeout=120)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+        left = _gone(tmp_path)
+        shutil.rmtree(tmp_path, ignore_errors=True)
+    assert demo.returncode == 130, "".join(lines) + output
+    assert "interrupted" in output
+    assert left, "the stack's processes outlived the demo"
 
 
 @pytest.mark.parametrize(
