@@ -15,7 +15,7 @@ from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import check_schema
 from crucible.runtime import Runtime
 from services.api import dashboard
-from services.api.commands import Unavailable
+from services.api.commands import Conflict, Unavailable
 from services.api.ingest import run_ingest
 from services.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from services.api.pagination import InvalidCursor
@@ -48,6 +48,7 @@ def create_app(
     app.add_exception_handler(NotFound, _error(404))
     app.add_exception_handler(InvalidCursor, _error(400))
     app.add_exception_handler(Unavailable, _error(503))
+    app.add_exception_handler(Conflict, _error(409))
     for module in (health, runs, trajectories, evals, dashboard):
         app.include_router(module.router)
     app.mount("/static", dashboard.static, name="static")

@@ -10,9 +10,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.bus import Bus
 from crucible.contracts import subjects
-from crucible.contracts.messages import EvalRequest, RunCreated
+from crucible.contracts.events import TERMINAL_STATUSES
+from crucible.contracts.messages import EvalRequest, RunCreated, RunFinished
 from crucible.contracts.runconfig import RunConfig
-from crucible.db.models import Checkpoint, Evaluation, Run, utcnow
+from crucible.db.models import Checkpoint, Evaluation, Run, Step, utcnow
 from services.api.queries import NotFound
 from services.api.records.events import add_evaluation
 from services.api.schemas import EvalCreate, RunOut
@@ -22,6 +23,10 @@ log = structlog.get_logger("crucible.api")
 
 class Unavailable(RuntimeError):
     """A dependency (the bus) is down; the request may be retried."""
+
+
+class Conflict(RuntimeError):
+    """The request contradicts the resource's state (cancelling a run that has ended)."""
 
 
 def new_run_id() -> str:
@@ -59,6 +64,35 @@ async def create_run(*, session: AsyncSession, bus: Bus | None, name: str, confi
             f"run {run.run_id} recorded but not announced, the bus is unavailable: {exc!r}"
         ) from exc
     log.info("run created", run_id=run.run_id, name=name)
+    return RunOut.model_validate(run)
+
+
+async def cancel_run(*, session: AsyncSession, bus: Bus | None, run_id: str) -> RunOut:
+    """Publish the run's durable end as `cancelled` (the rollouts and its trainer stop on it), then
+    record it. The end is de-duplicated with the trainer's own: whichever is first is the run's end."""
+    run = await session.get(Run, run_id)
+    if run is None:
+        raise NotFound(f"run {run_id!r} not found")
+    if run.status in TERMINAL_STATUSES:
+        raise Conflict(f"run {run_id} has already ended ({run.status})")
+    if bus is None:
+        raise Unavailable("no bus: a run cannot be cancelled")
+    step = await session.scalar(select(func.max(Step.step)).where(Step.run_id == run_id))
+    version = await session.scalar(select(func.max(Checkpoint.version)).where(Checkpoint.run_id == run_id))
+    end = RunFinished(
+        run_id=run_id, status="cancelled", step=step or 0, version=-1 if version is None else version,
+        finished_at=utcnow().timestamp(), error="cancelled by an operator",
+    )  # fmt: skip
+    try:
+        await bus.publish(subjects.run_finished(run_id), end, msg_id=f"{run_id}/finished")
+    except Exception as exc:  # nats raises many unrelated types when the server is away
+        raise Unavailable(f"run {run_id} not cancelled, the bus is unavailable: {exc!r}") from exc
+    ended = await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished)
+    if ended is not None and ended.status != "cancelled":  # the trainer ended it first
+        raise Conflict(f"run {run_id} has already ended ({ended.status})")
+    run.status, run.error, run.finished_at = "cancelled", end.error, utcnow()
+    await session.commit()
+    log.info("run cancelled", run_id=run_id)
     return RunOut.model_validate(run)
 
 

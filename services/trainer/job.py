@@ -266,6 +266,9 @@ class RunJob:
         """Train the run to its end; `run_delivery` (its RunCreated message) is held until then."""
         consumer: asyncio.Task | None = None
         try:
+            if await self._cancelled():  # before a trainer took it up
+                await self._end_cancelled(run_delivery)
+                return
             try:
                 await self._resume()
             except RunFailed as exc:
@@ -289,6 +292,9 @@ class RunJob:
                 await self._event(self.last_step)
             consumer = self.rt.spawn(self._consume(), name=f"graded-{self.run_id}")
             while self.step < self.config.schedule.max_steps and not self.rt.stopping.is_set():
+                if await self._cancelled():
+                    await self._end_cancelled(run_delivery)
+                    return
                 if self.config.optim.drop_uniform_groups:
                     await self._drop_uniform_groups()
                 ready = self._ready_groups()
@@ -360,11 +366,31 @@ class RunJob:
         if self.config.eval.at_end:
             await self._request_eval()
         await self._announce_end("finished")
-        for group in self.groups.values():  # spare groups nobody needs any more: graded, never trained
+        await self._release_groups()  # spare groups nobody needs any more
+        await run_delivery.ack()
+        await self._delete_consumer()
+
+    async def _cancelled(self) -> bool:
+        """Whether an operator ended the run (the api publishes its durable end as `cancelled`)."""
+        ended = await self.rt.bus.latest(subjects.RUNS, subjects.run_finished(self.run_id), RunFinished)
+        return ended is not None and ended.status == "cancelled"
+
+    async def _end_cancelled(self, run_delivery: Delivery) -> None:
+        """Stop at once: what was trained and published stays; what waits to be trained is acknowledged."""
+        self.rt.log.info("run cancelled", run_id=self.run_id, step=self.step, version=self.version)
+        self.stop_consuming.set()
+        await self._release_groups()
+        await run_delivery.ack()
+        await self._delete_consumer()
+
+    async def _release_groups(self) -> None:
+        """Acknowledge the groups nobody will train on (graded, recorded by the api, never trained)."""
+        for group in self.groups.values():
             for _, delivery in group.members.values():
                 await delivery.ack()
         self.groups.clear()
-        await run_delivery.ack()
+
+    async def _delete_consumer(self) -> None:
         durable = subjects.trainer_run_durable(self.run_id)
         try:
             await self.rt.bus.js.delete_consumer(subjects.GRADED, durable)
@@ -375,11 +401,9 @@ class RunJob:
         """End a run that cannot start or go on: said over the run's events (REST shows it), never retried."""
         self.rt.log.error("run failed", run_id=self.run_id, error=error)
         await self._announce_end("failed", error)
-        for group in self.groups.values():  # graded, and nobody will train on them
-            for _, delivery in group.members.values():
-                await delivery.ack()
-        self.groups.clear()
+        await self._release_groups()
         await run_delivery.ack()
+        await self._delete_consumer()
 
     async def _announce_end(self, status: str, error: str = "") -> None:
         """The durable end of the run (rollouts stop admitting work), its Redis cache and its status event."""

@@ -1,4 +1,5 @@
-"""`crucible runs list` and `crucible runs show ID`: run history from the REST API."""
+"""`crucible runs list`, `crucible runs show ID` and `crucible runs cancel ID`: run history from the
+REST API, and an operator's end to a run."""
 
 from __future__ import annotations
 
@@ -90,6 +91,22 @@ def show_run(
             table.add_row(e["eval_id"], str(e["version"]), f"{e['taskset']}/{e['split']}", e["status"],
                           rate(e["pass_at_1"]), rate(e["pass_at_k"]), rate(e["resolved_rate"]))  # fmt: skip
         console.print(table)
+
+
+@runs_app.command("cancel")
+def cancel_run(run_id: str, api: ApiOption = DEFAULT_API) -> None:
+    """End a run now (it becomes `cancelled`; what it trained stays published)."""
+    import httpx
+
+    try:
+        response = httpx.post(f"{api.rstrip('/')}/v1/runs/{run_id}/cancel", timeout=30)
+    except httpx.HTTPError as exc:
+        Console(stderr=True).print(f"[red]cannot reach the API at {api}: {exc}[/red]")
+        raise typer.Exit(2) from None
+    if response.status_code != 200:
+        Console(stderr=True).print(response.json().get("detail", response.text), style="red", markup=False)
+        raise typer.Exit(1)
+    Console().print(f"{run_id}: {response.json()['status']}")
 
 
 def register(app: typer.Typer) -> None:

@@ -14,8 +14,8 @@ import msgspec
 from crucible.contracts import subjects
 from crucible.contracts.messages import EvalRequest, Message
 
-RunStatusName = Literal["created", "running", "finished", "failed"]
-TERMINAL_STATUSES = ("finished", "failed")
+RunStatusName = Literal["created", "running", "finished", "failed", "cancelled"]
+TERMINAL_STATUSES = ("finished", "failed", "cancelled")
 
 
 class EventData(msgspec.Struct, kw_only=True, tag_field="kind"):

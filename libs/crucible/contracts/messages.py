@@ -38,7 +38,7 @@ class RunFinished(Message, tag="run.finished.v1"):
     """The durable end of a run, on the RUNS stream: rollouts stop admitting work for it."""
 
     run_id: str
-    status: str  # finished | failed
+    status: str  # finished | failed | cancelled (by an operator, through the api)
     step: int
     version: int
     finished_at: float

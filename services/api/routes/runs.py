@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from services.api import queries
-from services.api.commands import create_run
+from services.api.commands import cancel_run, create_run
 from services.api.deps import BusDep, CursorQuery, LimitQuery, SessionDep
 from services.api.schemas import CheckpointOut, MetricsOut, Page, RunCreate, RunOut, StepOut
 
@@ -19,12 +19,22 @@ async def post_run(body: RunCreate, session: SessionDep, bus: BusDep) -> RunOut:
     return await create_run(session=session, bus=bus, name=body.name, config=body.config)
 
 
+@router.post(
+    "/{run_id}/cancel",
+    responses={**NOT_FOUND, 409: {"description": "The run has already ended."}, 503: {"description": "The bus is unavailable."}},
+)
+async def post_cancel(run_id: str, session: SessionDep, bus: BusDep) -> RunOut:
+    """End a run now: the rollouts stop admitting its groups, its trainer stops (what it trained stays
+    published), and it is `cancelled`."""
+    return await cancel_run(session=session, bus=bus, run_id=run_id)
+
+
 @router.get("")
 async def get_runs(
     session: SessionDep,
     limit: LimitQuery = 50,
     cursor: CursorQuery = None,
-    status: Literal["created", "running", "finished", "failed"] | None = None,
+    status: Literal["created", "running", "finished", "failed", "cancelled"] | None = None,
 ) -> Page[RunOut]:
     """Runs, newest first."""
     return await queries.list_runs(session=session, limit=limit, cursor=cursor, status=status)

@@ -1,0 +1,43 @@
+"""An operator cancels a run over REST: it is `cancelled` at once, the rollouts stop admitting its groups,
+its trainer lets go of it (so the next run, which waits for that trainer, trains and finishes), and a
+second cancel or an unknown run are 4xx."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from cli_runner import crucible
+from run_wait import wait_until_ended
+
+from crucible.localstack import LocalStack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+ENDLESS = {"schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 10_000, "publish_every": 1}}
+SHORT = {"schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1, "publish_every": 1}}
+
+
+def test_a_cancelled_run_ends_and_lets_the_next_one_train(tmp_path) -> None:
+    with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
+        client = httpx.Client(base_url=stack.api_url, timeout=30)
+        endless = client.post("/v1/runs", json={"name": "endless", "config": ENDLESS}).json()["run_id"]
+        deadline = time.monotonic() + 300
+        while not client.get(f"/v1/runs/{endless}/steps").json()["items"]:  # observed: it trains
+            assert time.monotonic() < deadline, "the run never trained a step"
+            time.sleep(0.5)
+        cancelled = client.post(f"/v1/runs/{endless}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        assert cancelled.json()["status"] == "cancelled"
+        again = client.post(f"/v1/runs/{endless}/cancel")
+        assert again.status_code == 409 and "already ended" in again.text
+        cli = crucible("runs", "cancel", endless, "--api", stack.api_url)
+        assert cli.returncode == 1 and "already ended (cancelled)" in cli.stderr
+        assert client.post("/v1/runs/run-nope/cancel").status_code == 404
+        short = client.post("/v1/runs", json={"name": "short", "config": SHORT}).json()["run_id"]
+        after = wait_until_ended(stack, client, short, timeout=300)
+        run = client.get(f"/v1/runs/{endless}").json()
+        listed = client.get("/v1/runs", params={"status": "cancelled"}).json()["items"]
+    assert after["status"] == "finished", after
+    assert run["status"] == "cancelled" and run["error"] == "cancelled by an operator"
+    assert [r["run_id"] for r in listed] == [endless]
