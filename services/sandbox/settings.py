@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pydantic import Field, field_validator
 
+from crucible.contracts.runconfig import MAX_GROUP_SIZE
 from crucible.settings import CommonSettings
 
 
@@ -59,8 +60,8 @@ class Settings(CommonSettings):
     """The unprivileged host uid and gid sandboxed commands run as, when the service runs as root."""
     snapshot_cache_size: int = Field(default=64, ge=1)
     """Unpacked task snapshots kept on this replica when no session uses them."""
-    max_fork: int = Field(default=64, ge=1)
-    """Copies one `sandbox.<replica>.fork` call may make."""
+    max_fork: int = Field(default=MAX_GROUP_SIZE, ge=1)
+    """Copies one `sandbox.<replica>.fork` call may make (a run's group_size is bounded by the default)."""
     max_background_jobs: int = Field(default=4, ge=1)
     """Background commands one session may have at once."""
     extra_ro_paths: list[Path] = Field(default_factory=list)

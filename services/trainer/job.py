@@ -94,6 +94,7 @@ class RunJob:
         self.groups: dict[str, Group] = {}
         self.in_step: list[Delivery] = []
         self.arrived = asyncio.Event()
+        self.last_arrival = time.monotonic()  # of a graded trajectory (or the run's start on this trainer)
         self.stop_consuming = asyncio.Event()
 
     def _build_model(self) -> Transformer:
@@ -251,6 +252,7 @@ class RunJob:
         if replaced is not None:  # a redelivery replaces the old handle
             replaced[1].stop_keep_alive()
         group.members[trajectory.trajectory_id] = (graded, delivery)
+        self.last_arrival = time.monotonic()
         self.arrived.set()
 
     def _ready_groups(self) -> list[str]:
@@ -291,6 +293,7 @@ class RunJob:
             if self.last_step:  # saved with the state; its event may have been lost in a crash
                 await self._event(self.last_step)
             consumer = self.rt.spawn(self._consume(), name=f"graded-{self.run_id}")
+            self.last_arrival = time.monotonic()
             while self.step < self.config.schedule.max_steps and not self.rt.stopping.is_set():
                 if await self._cancelled():
                     await self._end_cancelled(run_delivery)
@@ -299,6 +302,10 @@ class RunJob:
                     await self._drop_uniform_groups()
                 ready = self._ready_groups()
                 if len(ready) < self.config.schedule.groups_per_step:
+                    waited = time.monotonic() - self.last_arrival
+                    if waited > self.settings.stall_timeout_s:
+                        await self._fail(run_delivery, f"no graded trajectory came for {waited:.0f} s: the run cannot progress")
+                        return
                     self.arrived.clear()
                     try:
                         await asyncio.wait_for(self.arrived.wait(), timeout=1.0)

@@ -17,6 +17,9 @@ class Settings(CommonSettings):
     """Deadline for one tool call of a demonstration."""
     demo_concurrency: int = Field(default=2, ge=1, le=64)
     """Demonstrations played in sandboxes at once."""
+    stall_timeout_s: float = Field(default=1800.0, gt=0)
+    """A run to which no graded trajectory has come for this long fails, saying so (its rollouts are gone,
+    or none can serve its config), instead of holding its trainer forever."""
     max_nonfinite_steps: int = Field(default=3, ge=1)
     """Steps in a row skipped for non-finite rewards, advantages, loss or gradients after which the run
     fails (with that reason)."""

@@ -22,6 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from crucible.model.config import PRESETS
 from crucible.model.sources import PACKAGE_PREFIX, PACKAGES
 
+MAX_GROUP_SIZE = 64
+"""The most episodes one group may have: the sandbox forks a group's copies in one call, at most this many."""
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -140,15 +143,15 @@ class OptimSection(Section):
 
 
 class ScheduleSection(Section):
-    max_steps: int = Field(default=6, ge=0)
+    max_steps: int = Field(default=6, ge=0, le=1_000_000)
     """RL optimizer steps of the run (0: only the `sft` warm start)."""
-    group_size: int = Field(default=4, ge=1, le=1024)
-    """Episodes per task; advantages are relative to the group."""
+    group_size: int = Field(default=4, ge=1, le=MAX_GROUP_SIZE)
+    """Episodes per task; advantages are relative to the group. At most what one sandbox fork makes."""
     groups_per_step: int = Field(default=2, ge=1, le=1024)
     """Groups in one optimizer step."""
-    publish_every: int = Field(default=2, ge=1)
+    publish_every: int = Field(default=2, ge=1, le=100_000)
     """A new weight version every this many optimizer steps."""
-    max_staleness: int = Field(default=2, ge=0)
+    max_staleness: int = Field(default=2, ge=0, le=10_000)
     """Versions a sampled token may lag the trainer's current version; older tokens are not trained on
     and rollouts admit no work that would break the bound. Counted in versions: a token may then be up
     to (max_staleness + 1) x publish_every - 1 optimizer steps old (the step metric token_age_steps_max);
@@ -198,7 +201,7 @@ class SftSection(Section):
 class EvalSection(Section):
     """Held-out evaluation during the run (also on demand: POST /v1/evals, `crucible eval`)."""
 
-    every_versions: int = Field(default=0, ge=0)
+    every_versions: int = Field(default=0, ge=0, le=1_000_000)
     """Evaluate every this many published weight versions; 0: only on demand (and `at_end`)."""
     at_end: bool = False
     """Also evaluate the run's last published version."""
@@ -215,7 +218,7 @@ class EvalSection(Section):
 class RunConfig(Section):
     """Everything that defines a run."""
 
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, lt=2**32)
     """Seed of the model's initialisation, task sampling and the episodes' sampling."""
     tasks: TasksSection = Field(default_factory=TasksSection)
     model: ModelSection = Field(default_factory=ModelSection)

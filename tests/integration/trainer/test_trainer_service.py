@@ -192,3 +192,16 @@ async def test_a_step_with_a_non_finite_reward_is_skipped_and_too_many_fail_the_
     assert isinstance(step, StepReport) and sorted(step.trajectory_ids) == ["good-0", "good-1"]
     assert step.metrics["skipped_steps"] == 1.0
     assert failed.status == "failed" and "non-finite rewards" in failed.error and failed.step == 0
+
+
+async def test_a_run_to_which_no_graded_work_comes_fails_saying_so(common_settings) -> None:
+    run_id = f"run-{uuid.uuid4().hex[:12]}"
+    trainer = common_settings(TrainerSettings, ack_wait_s=30, heartbeat_s=5, stall_timeout_s=2)
+    async with (
+        running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
+        running("trainer", trainer, trainer_setup) as rt,
+    ):
+        created = RunCreated(run_id=run_id, name="alone", config=RunConfig(), created_at=time.time())
+        await rt.bus.publish(subjects.run_created(run_id), created, msg_id=run_id)
+        ended = await _finished(rt.bus, run_id)  # nothing ever rolls it out
+    assert ended.status == "failed" and "cannot progress" in ended.error and ended.version == 0

@@ -25,6 +25,11 @@ from crucible.contracts.runconfig import MOVED, RunConfig, apply_override
         ({"tasks": {"taskset": "a b"}}, "should match pattern"),
         ({"bogus": 1}, "Extra inputs are not permitted"),
         ({"agent": {"bogus": 1}}, "agent.bogus\n.*Extra inputs are not permitted"),
+        # what no service can serve: more episodes than one sandbox fork makes, numbers past any store
+        ({"schedule": {"group_size": 100}}, "schedule.group_size\n.*less than or equal to 64"),
+        ({"seed": 2**70}, "seed\n.*less than 4294967296"),
+        ({"schedule": {"max_steps": 10**12}}, "schedule.max_steps\n.*less than or equal to 1000000"),
+        ({"agent": {"driver": "harness", "context_policy": "summarize"}, "model": {"source": "package:smollm2-135m-instruct"}}, "builtin loop"),
     ],
 )
 def test_bad_configs_are_refused_naming_the_field(config: dict, message: str) -> None:
