@@ -1,4 +1,6 @@
-"""Trainer service: takes runs from the RUNS stream, one at a time, and trains each to completion."""
+"""Trainer service: takes runs from the RUNS stream and trains each to completion, up to `max_runs` at
+once, each in a task of its own; further runs wait in the order they were created (their messages held
+and kept alive), so one run that cannot progress never blocks the others."""
 
 from __future__ import annotations
 
@@ -19,15 +21,43 @@ async def setup(rt: Runtime[Settings]) -> None:
     settings = rt.settings
     torch.set_num_threads(settings.torch_threads)
 
+    slots = asyncio.Semaphore(settings.max_runs)
+    active: set[str] = set()
+
     async def on_run(created: RunCreated, delivery: Delivery) -> None:
-        rt.log.info("training run", run_id=created.run_id, attempt=delivery.attempt)
+        if created.run_id in active:  # redelivered while this replica trains it: the job settles the run
+            rt.log.warning("run redelivered while training it", run_id=created.run_id, attempt=delivery.attempt)
+            delivery.hold()
+            return
         delivery.hold()  # acked by the job when the run is finished
         delivery.keep_alive(every_s=settings.heartbeat_s)
+        slot = asyncio.ensure_future(slots.acquire())
+        stopping = asyncio.ensure_future(rt.stopping.wait())
+        await asyncio.wait({slot, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not slot.done() or slot.cancelled():  # stopping while the run waited: another trainer takes it
+            slot.cancel()
+            await delivery.nak()
+            return
+        active.add(created.run_id)
+        rt.spawn(train(created, delivery), name=f"run-{created.run_id}")
+
+    async def train(created: RunCreated, delivery: Delivery) -> None:
+        rt.log.info("training run", run_id=created.run_id, attempt=delivery.attempt)
         RUNS.inc()
         try:
             await RunJob(rt=rt, created=created).run(delivery)
+        except Exception as exc:  # this run's trouble (the bus or the store away): it is tried again later
+            rt.log.error("training run failed; handing it back", run_id=created.run_id, error=repr(exc))
+            delivery.stop_keep_alive()
+            try:
+                await delivery.msg.nak(delay=min(30.0, 0.5 * 2 ** (delivery.attempt - 1)))
+            except Exception as nak_exc:  # the bus is away too: the run comes back after ack_wait
+                rt.log.warning("could not hand the run back", run_id=created.run_id, error=repr(nak_exc))
         finally:
             RUNS.dec()
+            active.discard(created.run_id)
+            slots.release()
 
     rt.spawn(
         rt.bus.consume(

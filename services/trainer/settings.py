@@ -5,6 +5,8 @@ from crucible.settings import CommonSettings
 
 class Settings(CommonSettings):
     torch_threads: int = Field(default=1, ge=1)
+    max_runs: int = Field(default=4, ge=1, le=256)
+    """Runs this replica trains at once (a model and an optimizer each); further runs wait in order."""
     group_timeout_s: float = Field(default=180.0, gt=0)
     """A group still incomplete after this long is trained with the members it has (at least two)."""
     ack_wait_s: float = Field(default=60.0, gt=0)

@@ -19,7 +19,8 @@ SHORT = {"schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1, "pu
 
 
 def test_a_cancelled_run_ends_and_lets_the_next_one_train(tmp_path) -> None:
-    with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
+    one_run = {"trainer": {"CRUCIBLE_MAX_RUNS": "1"}}  # the next run waits for the trainer the first holds
+    with LocalStack(api_port=0, state_dir=tmp_path / "stack", service_env=one_run) as stack:
         client = httpx.Client(base_url=stack.api_url, timeout=30)
         endless = client.post("/v1/runs", json={"name": "endless", "config": ENDLESS}).json()["run_id"]
         deadline = time.monotonic() + 300

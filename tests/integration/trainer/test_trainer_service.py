@@ -205,3 +205,25 @@ async def test_a_run_to_which_no_graded_work_comes_fails_saying_so(common_settin
         await rt.bus.publish(subjects.run_created(run_id), created, msg_id=run_id)
         ended = await _finished(rt.bus, run_id)  # nothing ever rolls it out
     assert ended.status == "failed" and "cannot progress" in ended.error and ended.version == 0
+
+
+async def test_runs_train_side_by_side_so_one_that_waits_blocks_no_other(common_settings) -> None:
+    waiting, training = f"run-{uuid.uuid4().hex[:12]}", f"run-{uuid.uuid4().hex[:12]}"
+    config = RunConfig.model_validate(
+        {"schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1, "publish_every": 1}}
+    )
+    trainer = common_settings(TrainerSettings, ack_wait_s=30, heartbeat_s=5, max_runs=2)
+    async with (
+        running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
+        running("trainer", trainer, trainer_setup) as rt,
+    ):
+        bus: Bus = rt.bus
+        for run_id in (waiting, training):  # the first is never rolled out
+            created = RunCreated(run_id=run_id, name="side", config=config, created_at=time.time())
+            await bus.publish(subjects.run_created(run_id), created, msg_id=run_id)
+        for index, reward in enumerate((0.0, 1.0)):
+            message = graded(training, f"{training}-g", index, reward, "grep")
+            await bus.publish(subjects.graded(training), message, msg_id=message.trajectory.trajectory_id)
+        ended = await _finished(bus, training)
+        assert await bus.latest(subjects.RUNS, subjects.run_finished(waiting), RunFinished) is None
+    assert ended.status == "finished" and ended.step == 1
