@@ -376,6 +376,42 @@ class Bus:
             return
         await self._settle(msg.term())
 
+    async def dead_letters(self, *, stream: str | None = None, limit: int = 50) -> list[tuple[int, DeadLetter]]:
+        """The newest dead letters (of `stream`'s consumers, or of every stream), newest first, each with
+        its sequence number on the dead-letter stream."""
+        state = (await self.js.stream_info(subjects.DEAD_LETTER)).state
+        wanted = subjects.dead_letter(stream) if stream else None
+        found: list[tuple[int, DeadLetter]] = []
+        seq = state.last_seq
+        while seq >= max(state.first_seq, 1) and len(found) < limit:
+            try:
+                raw = await self.js.get_msg(subjects.DEAD_LETTER, seq)
+            except nats.js.errors.NotFoundError:  # replayed, or dropped by the stream's limits
+                seq -= 1
+                continue
+            if wanted is None or raw.subject == wanted:
+                found.append((seq, decode(raw.data or b"", DeadLetter)))
+            seq -= 1
+        return found
+
+    async def dead_letter_at(self, seq: int) -> DeadLetter:
+        """Dead letter `seq`; LookupError if there is none (never written, or replayed already)."""
+        try:
+            raw = await self.js.get_msg(subjects.DEAD_LETTER, seq)
+        except nats.js.errors.NotFoundError:
+            raise LookupError(f"no dead letter {seq} (never written, or replayed already)") from None
+        return decode(raw.data or b"", DeadLetter)
+
+    async def replay_dead_letter(self, seq: int) -> DeadLetter:
+        """Publish dead letter `seq`'s message again, as it was, on its subject (its consumer gets it
+        anew), then remove the letter. Its message id gets a suffix: the first is still remembered."""
+        letter = await self.dead_letter_at(seq)
+        headers = dict(letter.headers)
+        headers["Nats-Msg-Id"] = f"{headers.get('Nats-Msg-Id') or letter.subject}/replay-{seq}"
+        await self.js.publish(letter.subject, letter.payload, headers=headers)
+        await self.js.delete_msg(subjects.DEAD_LETTER, seq)
+        return letter
+
     async def latest(self, stream: str, subject: str, type_: type[M]) -> M | None:
         """The newest message on a subject, or None."""
         try:

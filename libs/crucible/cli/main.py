@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "crucible.cli.sft",
     "crucible.cli.model",
     "crucible.cli.serve",
+    "crucible.cli.deadletters",
     "services.sandbox.cli",
     "services.catalog.cli",
 )
