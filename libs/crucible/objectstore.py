@@ -72,6 +72,15 @@ class ObjectStore:
 
         await asyncio.to_thread(run)
 
+    async def check(self) -> None:
+        """Raise unless the object store answers and the bucket is there (a readiness probe)."""
+
+        def run() -> None:
+            if not self.client.bucket_exists(self.bucket):
+                raise ObjectNotFound(f"bucket {self.bucket} does not exist")
+
+        await asyncio.to_thread(run)
+
     async def put_bytes(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> ObjectRef:
         digest = hashlib.sha256(data).hexdigest()
 

@@ -39,6 +39,9 @@ class EmbeddedServer(uvicorn.Server):
         yield
 
 
+READY_CHECK_S = 2.0
+
+
 class Runtime(Generic[S]):
     bus: Bus
     store: ObjectStore
@@ -56,6 +59,12 @@ class Runtime(Generic[S]):
         self._tasks: set[asyncio.Task] = set()
         self.failure: str | None = None
         self._closers: list[Callable[[], Awaitable[None]]] = []
+        self._checks: dict[str, Callable[[], Awaitable[object]]] = {}
+
+    def readiness_check(self, name: str, check: Callable[[], Awaitable[object]]) -> None:
+        """`/readyz` is 503 while `check` raises or takes over READY_CHECK_S (a dependency of this
+        service's own, beside the bus, Redis and the object store every service has)."""
+        self._checks[name] = check
 
     def ready(self) -> None:
         self._ready = True
@@ -88,6 +97,8 @@ class Runtime(Generic[S]):
         await self.bus.ensure_streams()
         self.redis = aioredis.from_url(s.redis_url, socket_connect_timeout=5)
         await self.redis.ping()
+        self.readiness_check("redis", self.redis.ping)
+        self.readiness_check("s3", self.store.check)
         await self._serve_health()
 
     async def _serve_health(self) -> None:
@@ -100,9 +111,12 @@ class Runtime(Generic[S]):
         @app.get("/readyz")
         async def readyz(response: Response) -> dict[str, Any]:
             connected = hasattr(self, "bus") and self.bus.nc.is_connected
-            ok = self._ready and connected and not self.stopping.is_set()
+            names = list(self._checks)
+            results = await asyncio.gather(*(self._passes(self._checks[n]) for n in names))
+            checks = dict(zip(names, results))
+            ok = self._ready and connected and all(results) and not self.stopping.is_set()
             response.status_code = 200 if ok else 503
-            return {"ready": ok, "bus": connected}
+            return {"ready": ok, "bus": connected, **checks}
 
         @app.get("/metrics")
         async def metrics() -> Response:
@@ -111,6 +125,14 @@ class Runtime(Generic[S]):
         self.http_port = await self.serve_http(
             app, host=self.settings.http_host, port=self.settings.http_port, name="health"
         )
+
+    @staticmethod
+    async def _passes(check: Callable[[], Awaitable[object]]) -> bool:
+        try:
+            await asyncio.wait_for(check(), timeout=READY_CHECK_S)
+            return True
+        except Exception:  # any failure to reach the dependency means not ready
+            return False
 
     async def serve_http(self, app: FastAPI, *, host: str, port: int, name: str) -> int:
         """Serve an ASGI app until the service has stopped; returns its port (0 picks a free one)."""

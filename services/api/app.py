@@ -72,6 +72,7 @@ async def setup(rt: Runtime[Settings]) -> None:
     rt.on_close(engine.dispose)
     await check_schema(engine)
     sessionmaker = make_sessionmaker(engine)
+    rt.readiness_check("database", lambda: health.database_answers(sessionmaker))
     rt.spawn(
         run_ingest(
             bus=rt.bus,

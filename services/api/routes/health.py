@@ -6,8 +6,15 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 router = APIRouter(tags=["health"])
+
+
+async def database_answers(sessionmaker: async_sessionmaker[AsyncSession]) -> None:
+    """Raise unless the database answers a query (this port's readiness, and the health port's)."""
+    async with sessionmaker() as session:
+        await session.execute(text("SELECT 1"))
 
 
 @router.get("/healthz")
@@ -19,8 +26,7 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request, response: Response) -> dict[str, Any]:
     """Ready when the database answers (and the bus is connected, where there is one)."""
     try:
-        async with request.app.state.sessionmaker() as session:
-            await session.execute(text("SELECT 1"))
+        await database_answers(request.app.state.sessionmaker)
         database = True
     except Exception:  # any failure to reach the database means not ready
         database = False

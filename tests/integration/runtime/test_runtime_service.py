@@ -79,3 +79,30 @@ def test_sigterm_drains_and_exits_0(common_settings, unused_tcp_port):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+async def test_readiness_follows_the_services_dependencies(common_settings, tmp_path):
+    """/readyz answers for Redis and the object store as well as the bus: a Redis that goes away makes
+    the service not ready (503, saying which) while it stays alive."""
+    from crucible.localstack.servers import start_redis
+    from crucible.runtime import running
+
+    async def nothing(rt) -> None:
+        return None
+
+    redis = start_redis(state_dir=tmp_path)
+    try:
+        async with running("probe", common_settings(redis_url=redis.url), nothing) as rt:
+            base = f"http://127.0.0.1:{rt.http_port}"
+            async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+                ready = await client.get("/readyz")
+                assert ready.status_code == 200 and ready.json() == {"ready": True, "bus": True, "redis": True, "s3": True}
+                redis.stop()
+                for _ in range(100):  # observed: the probe notices
+                    ready = await client.get("/readyz")
+                    if ready.status_code == 503:
+                        break
+                assert ready.status_code == 503 and ready.json()["redis"] is False and ready.json()["s3"] is True
+                assert (await client.get("/healthz")).status_code == 200
+    finally:
+        redis.stop()
