@@ -96,6 +96,8 @@ def _stream_config(stream: subjects.Stream) -> StreamConfig:
         storage=StorageType.FILE,
         duplicate_window=DEDUP_WINDOW_S,
         max_msg_size=-1,
+        max_age=stream.max_age_days * 86400.0 if stream.max_age_days else None,
+        max_msgs_per_subject=stream.max_per_subject or -1,
     )
 
 

@@ -34,7 +34,11 @@ class Stream:
     subjects: tuple[str, ...]
     retention: Literal["limits", "work_queue"] = "limits"
     """work_queue: a message is removed once a consumer acknowledges it (each is worked on once);
-    limits: kept for every consumer, until the server's limits retire it."""
+    limits: kept for every consumer, until the limits below retire it."""
+    max_age_days: float = 0
+    """Messages older than this are removed (0: no age limit)."""
+    max_per_subject: int = 0
+    """Only the newest this many messages of each subject are kept (0: all)."""
 
     @property
     def all_subjects(self) -> str:
@@ -50,16 +54,22 @@ WEIGHTS = "WEIGHTS"
 EVALS = "EVALS"
 DEAD_LETTER = "DEADLETTER"
 
+WORK_DAYS = 30
+"""How long a run's work may wait on the bus: a trajectory, grade, event or evaluation request nobody
+has consumed in this long belongs to a run that ended or died (the api holds the history)."""
+
 STREAMS: dict[str, Stream] = {
     stream.name: stream
     for stream in (
-        Stream(name=RUNS, subjects=("runs.>",)),
-        Stream(name=ROLLOUTS, subjects=("rollouts.>",), retention="work_queue"),
-        Stream(name=GRADED, subjects=("graded.>",)),
-        Stream(name=EVENTS, subjects=("events.>",)),
-        Stream(name=WEIGHTS, subjects=("weights.>",)),
-        Stream(name=EVALS, subjects=("evals.>",)),
-        Stream(name=DEAD_LETTER, subjects=("deadletter.>",)),
+        # a run's `created` and `finished` markers are each written once; the newest is all anyone reads
+        Stream(name=RUNS, subjects=("runs.>",), max_per_subject=1),
+        Stream(name=ROLLOUTS, subjects=("rollouts.>",), retention="work_queue", max_age_days=WORK_DAYS),
+        Stream(name=GRADED, subjects=("graded.>",), max_age_days=WORK_DAYS),
+        Stream(name=EVENTS, subjects=("events.>",), max_age_days=WORK_DAYS),
+        # the newest announced version of a run is what rollouts follow; older manifests are in S3
+        Stream(name=WEIGHTS, subjects=("weights.>",), max_per_subject=1),
+        Stream(name=EVALS, subjects=("evals.>",), max_age_days=WORK_DAYS),
+        Stream(name=DEAD_LETTER, subjects=("deadletter.>",), max_age_days=3 * WORK_DAYS),  # time to look
     )
 }
 RUNS_CREATED_ALL = "runs.*.created"

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 
+import nats.js.errors
 import pytest
 from prometheus_client import REGISTRY
 
@@ -206,10 +208,14 @@ async def test_watch_sees_latest_per_subject_then_new_ones(bus):
     await bus.watch(subjects.WEIGHTS_ANNOUNCED_ALL, WeightsAnnounced, on, last_per_subject=True)
     await bus.publish(subjects.weights_announced("a"), WeightsAnnounced(run_id="a", version=2, step=4, manifest=ref))
     for _ in range(50):
-        if len(seen) == 3:
+        if ("a", 2) in seen and ("b", 0) in seen:
             break
         await asyncio.sleep(0.05)
-    assert sorted(seen) == [("a", 1), ("a", 2), ("b", 0)]
+    # the newest of each subject, then new ones; WEIGHTS keeps one per subject, so an announcement that
+    # a newer one replaced before the watcher started reading is skipped (never one older than seen)
+    assert ("b", 0) in seen and ("a", 2) in seen and ("a", 0) not in seen
+    versions_of_a = [v for run, v in seen if run == "a"]
+    assert versions_of_a == sorted(versions_of_a)
 
 
 async def test_a_message_never_acked_is_dead_lettered_not_dropped(bus):
@@ -253,3 +259,17 @@ async def test_a_message_parked_twice_is_one_dead_letter(bus):
     for _ in range(2):
         await bus.dead_letter(msg, stream=subjects.EVENTS, consumer="test-twice", reason="junk")
     assert (await bus.js.stream_info(subjects.DEAD_LETTER)).state.messages == before + 1
+
+
+async def test_streams_retire_what_no_run_needs(bus):
+    """Every stream is bounded: a run's work by age, markers and announcements to the newest of each."""
+    for name, stream in subjects.STREAMS.items():
+        config = (await bus.js.stream_info(name)).config
+        assert config.max_age or (config.max_msgs_per_subject or 0) > 0, f"{name} keeps everything forever"
+        assert config.max_age == (stream.max_age_days * 86400 or None) or stream.max_per_subject
+    subject = subjects.weights_announced(f"run-{uuid.uuid4().hex[:12]}")
+    acks = [await bus.js.publish(subject, f"v{v}".encode()) for v in range(3)]
+    newest = await bus.js.get_last_msg(subjects.WEIGHTS, subject)
+    assert newest.data == b"v2"
+    with pytest.raises(nats.js.errors.NotFoundError):  # the older announcements are gone
+        await bus.js.get_msg(subjects.WEIGHTS, acks[0].seq)
