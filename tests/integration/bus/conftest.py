@@ -1,10 +1,19 @@
+"""A bus on the test's own bucket, with a small claim-check threshold so claim checks are exercised."""
+
+from __future__ import annotations
+
 import pytest
 
-from crucible.localstack.servers import start_nats
+from crucible.bus import Bus
+from crucible.objectstore import ObjectStore
 
 
 @pytest.fixture
-def nats_url(tmp_path):
-    server = start_nats(state_dir=tmp_path)
-    yield server.url
-    server.stop()
+async def bus(common_settings):
+    settings = common_settings(claim_check_bytes=4096)
+    store = ObjectStore.from_settings(settings)
+    await store.ensure_bucket()
+    bus = await Bus.connect(settings, store=store, name="test")
+    await bus.ensure_streams()
+    yield bus
+    await bus.close()

@@ -14,24 +14,12 @@ from cli_runner import crucible
 from crucible.bus import Bus
 from crucible.contracts import ContractError, subjects
 from crucible.contracts.messages import Message
-from crucible.objectstore import ObjectStore
 
 pytestmark = pytest.mark.integration
 
 
 class Order(Message, tag="test.order.v1"):
     item: str
-
-
-@pytest.fixture
-async def bus(common_settings):
-    settings = common_settings()
-    store = ObjectStore.from_settings(settings)
-    await store.ensure_bucket()
-    bus = await Bus.connect(settings, store=store, name="test-deadletters")
-    await bus.ensure_streams()
-    yield bus
-    await bus.close()
 
 
 async def _consume(bus: Bus, subject: str, durable: str, handler, until) -> None:
