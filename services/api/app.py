@@ -6,6 +6,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -25,6 +26,22 @@ from services.api.settings import Settings
 from services.api.trackers import Trackers
 
 METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+MAX_ERRORS, MAX_ERROR_CHARS = 20, 300
+
+
+async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A 422 naming what is wrong where, never echoing the input back (it may be megabytes)."""
+    detail = [
+        {
+            "type": str(error.get("type", ""))[:MAX_ERROR_CHARS],
+            "loc": [str(part)[:MAX_ERROR_CHARS] for part in error.get("loc", ())][:16],
+            "msg": str(error.get("msg", ""))[:MAX_ERROR_CHARS],
+        }
+        for error in exc.errors()[:MAX_ERRORS]
+    ]
+    return JSONResponse(status_code=422, content={"detail": detail})
 
 
 def _error(status: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
@@ -49,9 +66,19 @@ def create_app(
     app.add_exception_handler(InvalidCursor, _error(400))
     app.add_exception_handler(Unavailable, _error(503))
     app.add_exception_handler(Conflict, _error(409))
+    app.add_exception_handler(RequestValidationError, _invalid)
     for module in (health, runs, trajectories, evals, dashboard):
         app.include_router(module.router)
     app.mount("/static", dashboard.static, name="static")
+
+    @app.middleware("http")
+    async def bounded_bodies(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        length = request.headers.get("content-length", "")
+        if length and (not length.isdigit() or int(length) > settings.max_body_bytes):
+            return JSONResponse(
+                status_code=413, content={"detail": f"request body over {settings.max_body_bytes} bytes"}
+            )
+        return await call_next(request)
 
     @app.middleware("http")
     async def count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

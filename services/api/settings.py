@@ -14,6 +14,8 @@ class Settings(CommonSettings):
     """Interface the REST API listens on."""
     api_port: int = Field(default=8000, ge=0, le=65535)
     """REST API port; 0 picks a free port."""
+    max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
+    """A request body longer than this is refused with a 413 before it is read."""
     ingest_batch: int = Field(default=1, ge=1, le=1024)
     """Stream messages fetched per pull while ingesting."""
     ingest_max_deliver: int = Field(default=5, ge=1)

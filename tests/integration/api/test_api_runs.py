@@ -148,3 +148,13 @@ async def test_readyz_is_503_while_the_database_is_unreachable(tmp_path: Path) -
         assert ready.status_code == 503 and ready.json()["database"] is False
         assert (await client.get("/healthz")).status_code == 200
     await engine.dispose()
+
+
+async def test_a_huge_bad_request_is_refused_without_being_echoed(client: AsyncClient) -> None:
+    name = "x" * 1_000_000
+    refused = await client.post("/v1/runs", json={"name": name})
+    assert refused.status_code == 422 and len(refused.content) < 2000
+    assert refused.json()["detail"][0]["loc"] == ["body", "name"] and "200 characters" in refused.json()["detail"][0]["msg"]
+    too_big = await client.post("/v1/runs", json={"name": "x" * 5_000_000})
+    assert too_big.status_code == 413 and "request body over" in too_big.json()["detail"]
+    assert (await client.get("/v1/runs")).status_code == 200  # and it goes on serving
