@@ -60,7 +60,7 @@ async def run_evaluation(rt: Runtime[Settings], request: EvalRequest) -> None:
         prefill_chunk=rt.settings.prefill_chunk,
     )
     try:
-        await asyncio.to_thread(engine.swap, state, manifest.version)
+        await engine.load(state, manifest.version)
         await _evaluate(rt, engine, created, request)
     finally:
         engine.close()

@@ -30,7 +30,7 @@ import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from crucible.agent.episode import CHAT_SYSTEM_PROMPT, chat_turn_fits, episode_trajectory, run_chat_tool
+from crucible.agent.episode import CHAT_SYSTEM_PROMPT, episode_trajectory, run_chat_tool, turn_fits
 from crucible.agent.toolcalls import TOOLS, ToolCallError, after_turn, render_prompt
 from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import TaskSpec, ToolCall, Trajectory
@@ -93,7 +93,7 @@ class HarnessEpisode:
                 new = render_prompt(tokenizer, messages) if not self.history else after_turn(tokenizer, self.history, messages)
             except ToolCallError as exc:
                 raise RequestError(f"{exc}: an episode's requests keep its conversation verbatim", param="messages") from None
-            if not chat_turn_fits(self.engine, self.config, self.state, new):
+            if not turn_fits(self.engine, self.config, self.state, new):
                 self.finish, self.over = "context", True
                 raise RequestError(f"the episode's context of {self.engine.max_context} tokens is spent", param="messages")
             self.state.append_env(new, self.engine.version)

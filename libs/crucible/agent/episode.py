@@ -237,17 +237,16 @@ async def _byte_turns(engine, config, task, session, contexts, generator, tool_t
     prompt_limit = min(4 * config.agent.max_observation_bytes, engine.max_context // 2)
     state = contexts.live
     state.append_env([tokenizer.BOS, *observation(prompt, limit=prompt_limit)], engine.version)
-    reserve = summary_reserve(config)
     calls: list[ToolCall] = []
     finish = "max_turns"
     for turn in range(config.agent.max_turns):
-        if reserve and len(state) + config.agent.max_action_tokens + CONTEXT_RESERVE + reserve > engine.max_context:
+        if config.agent.context_policy == "summarize" and not turn_fits(engine, config, state, []):
             state.append_env(observation(SUMMARY_REQUEST, limit=SUMMARY_OVERHEAD), engine.version)  # whole
             summary = await engine.sample_summary(state, generator=generator)
             state = await contexts.restart()
             summarised = tokenizer.encode(SUMMARY_INTRO + summary)  # never cut: it is all the policy keeps
             state.append_env([tokenizer.BOS, *observation(prompt, limit=prompt_limit), *summarised], engine.version)
-            if len(state) + config.agent.max_action_tokens + CONTEXT_RESERVE + reserve > engine.max_context:
+            if not turn_fits(engine, config, state, []):
                 finish = "context"  # the task and the summary alone leave no room for a turn
                 break
         state.append_env([tokenizer.ACT], engine.version)
@@ -306,7 +305,7 @@ async def _chat_turns(engine, config, task, session, contexts, generator, tool_t
         calls.append(_call(turn, name or "invalid", args_text, ok, text, time.perf_counter() - t0, start, end, version))
         messages += [{"role": "assistant", "content": action}, {"role": "tool", "content": text}]
         following = after_action(tok, messages)
-        if chat_turn_fits(engine, config, state, following):
+        if turn_fits(engine, config, state, following):
             state.append_env(following, engine.version)
             continue
         if config.agent.context_policy != "summarize":
@@ -321,7 +320,7 @@ async def _chat_turns(engine, config, task, session, contexts, generator, tool_t
         state = await contexts.restart()
         messages = [messages[0], {"role": "user", "content": task.statement + SUMMARY_INTRO + summary}]
         state.append_env(render_prompt(tok, messages), engine.version)
-        if not chat_turn_fits(engine, config, state, []):
+        if not turn_fits(engine, config, state, []):
             finish = "context"  # the task and the summary alone leave no room for a turn
             break
     return calls, finish
@@ -337,9 +336,10 @@ async def run_chat_tool(
     return result, text[: config.agent.max_observation_bytes]
 
 
-def chat_turn_fits(engine: Actor, config: RunConfig, state: EpisodeState, following: list[int]) -> bool:
-    """Whether the template tokens before the next tool call, and a whole action, fit in the context
-    (with room for what a summary would need after it, under agent.context_policy = "summarize")."""
+def turn_fits(engine: Actor, config: RunConfig, state: EpisodeState, following: list[int]) -> bool:
+    """Whether the tokens before the next action (a chat template's, or none), and a whole action, fit
+    in the context (with room for what a summary would need after it, under agent.context_policy =
+    "summarize")."""
     need = len(following) + CONTEXT_RESERVE + config.agent.max_action_tokens + summary_reserve(config)
     return len(state) + need <= engine.max_context
 

@@ -69,46 +69,10 @@ def test_db_upgrade_migrates_sqlite(tmp_path: Path) -> None:
 def test_up_runs_until_signalled_then_stops_everything(
     tmp_path: Path, s3: dict[str, str], stop_signal: signal.Signals
 ) -> None:
-    env = {
-        **os.environ,
-        "COLUMNS": "200",
-        "NO_COLOR": "1",
-        "CRUCIBLE_S3_ACCESS_KEY": s3["s3_access_key"],
-        "CRUCIBLE_S3_SECRET_KEY": s3["s3_secret_key"],
-        "CRUCIBLE_S3_BUCKET": f"cli-{uuid.uuid4().hex[:12]}",
-    }
     state = tmp_path / "state"
-    up = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "from crucible.cli.main import app; app()",
-            "up",
-            "--service",
-            "checkpoints",
-            "--api-port",
-            "0",
-            "--state-dir",
-            str(state),
-            "--s3-endpoint",
-            s3["s3_endpoint"],
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env=env,
-    )
+    up = _start_up(state, s3)
     try:
-        deadline = time.monotonic() + 120
-        lines = []
-        while time.monotonic() < deadline:
-            line = up.stdout.readline()
-            assert line or up.poll() is None, "crucible up exited:\n" + "".join(lines)
-            lines.append(line)
-            if line.startswith("API: "):
-                break
-        else:
-            pytest.fail("crucible up did not report the stack as started:\n" + "".join(lines))
+        assert _read_until(up, "API: ", []).startswith("API: ")
         children = processes_under(state)
         assert len(children) >= 3, "NATS, Redis and the checkpoints service run under the state dir"
         up.send_signal(stop_signal)
@@ -120,6 +84,19 @@ def test_up_runs_until_signalled_then_stops_everything(
     assert "stopped" in output
     assert processes_under(state) == []
     assert (state / "logs" / "checkpoints.log").is_file(), "a state dir the user chose is kept"
+
+
+def _start_up(state: Path, s3: dict[str, str]) -> subprocess.Popen:
+    """`crucible up` with the checkpoints service alone, on the test's S3 and its own bucket."""
+    env = {
+        **os.environ, "COLUMNS": "200", "NO_COLOR": "1", "CRUCIBLE_S3_ACCESS_KEY": s3["s3_access_key"],
+        "CRUCIBLE_S3_SECRET_KEY": s3["s3_secret_key"], "CRUCIBLE_S3_BUCKET": f"cli-{uuid.uuid4().hex[:12]}",
+    }  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-c", "from crucible.cli.main import app; app()", "up", "--service", "checkpoints",
+         "--api-port", "0", "--state-dir", str(state), "--s3-endpoint", s3["s3_endpoint"]],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
 
 
 def _read_until(process: subprocess.Popen, prefix: str, lines: list[str], *, timeout_s: float = 120) -> str:
@@ -143,16 +120,8 @@ def _gone(directory: Path, *, timeout_s: float = 60) -> bool:
 
 @pytest.mark.slow
 def test_up_restarts_a_service_that_dies_and_its_children_die_with_it(tmp_path: Path, s3: dict[str, str]) -> None:
-    env = {
-        **os.environ, "COLUMNS": "200", "NO_COLOR": "1", "CRUCIBLE_S3_ACCESS_KEY": s3["s3_access_key"],
-        "CRUCIBLE_S3_SECRET_KEY": s3["s3_secret_key"], "CRUCIBLE_S3_BUCKET": f"cli-{uuid.uuid4().hex[:12]}",
-    }  # fmt: skip
     state = tmp_path / "state"
-    up = subprocess.Popen(
-        [sys.executable, "-c", "from crucible.cli.main import app; app()", "up", "--service", "checkpoints",
-         "--api-port", "0", "--state-dir", str(state), "--s3-endpoint", s3["s3_endpoint"]],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
+    up = _start_up(state, s3)
     lines: list[str] = []
     try:
         _read_until(up, "API: ", lines)

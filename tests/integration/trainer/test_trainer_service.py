@@ -76,12 +76,7 @@ async def test_dynamic_sampling_drops_uniform_groups_asks_for_refills_and_report
             graded(run_id, "mixed", 1, 1.0, "submit"),
         ):
             await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
-        for _ in range(600):  # the run's durable end, observed
-            if await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished):
-                break
-            await asyncio.sleep(0.1)
-        else:
-            pytest.fail("the run did not finish")
+        await _finished(bus, run_id)
         event = await bus.latest(subjects.EVENTS, subjects.events(run_id, "step"), Event)
     assert isinstance(event.data, StepReport)
     step = event.data
