@@ -6,9 +6,12 @@ import time
 from collections.abc import Awaitable, Callable
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import crucible
 from crucible.bus import Bus
@@ -44,6 +47,22 @@ async def _invalid(_request: Request, exc: RequestValidationError) -> JSONRespon
     return JSONResponse(status_code=422, content={"detail": detail})
 
 
+async def _http_error(request: Request, exc: Exception) -> Response:
+    """Starlette's errors, except that a 405's `Allow` names every method of the path, not only those of
+    the first route that matched it."""
+    assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 405:
+        path = request.url.path
+        methods = {
+            m
+            for r in request.app.routes
+            if isinstance(r, APIRoute) and r.path_regex.match(path)
+            for m in r.methods
+        }
+        exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(methods))}
+    return await http_exception_handler(request, exc)
+
+
 def _error(status: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
     async def handler(_request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(status_code=status, content={"detail": str(exc)})
@@ -58,6 +77,10 @@ def create_app(
         title="Crucible API",
         version=crucible.__version__,
         description="Run history of Crucible: runs, steps, metrics, trajectories, checkpoints and evaluations.",
+        responses={
+            400: {"description": "A body that does not parse, or a cursor this API did not hand out."},
+            413: {"description": "A request body over the api's `max_body_bytes`."},
+        },
     )
     app.state.settings = settings
     app.state.sessionmaker = sessionmaker
@@ -67,12 +90,15 @@ def create_app(
     app.add_exception_handler(Unavailable, _error(503))
     app.add_exception_handler(Conflict, _error(409))
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     for module in (health, runs, trajectories, evals, dashboard):
         app.include_router(module.router)
     app.mount("/static", dashboard.static, name="static")
 
     @app.middleware("http")
-    async def bounded_bodies(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def bounded_bodies(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         length = request.headers.get("content-length", "")
         if length and (not length.isdigit() or int(length) > settings.max_body_bytes):
             return JSONResponse(
@@ -81,7 +107,9 @@ def create_app(
         return await call_next(request)
 
     @app.middleware("http")
-    async def count_requests(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    async def count_requests(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
         started = time.perf_counter()
         response = await call_next(request)
         route = getattr(request.scope.get("route"), "path", "unmatched")
@@ -110,7 +138,8 @@ async def setup(rt: Runtime[Settings]) -> None:
             graded_durable=settings.graded_durable,
             events_durable=settings.events_durable,
             trackers=Trackers(
-                root=settings.tracking_dir, mlflow_tracking_uri=settings.mlflow_tracking_uri,
+                root=settings.tracking_dir,
+                mlflow_tracking_uri=settings.mlflow_tracking_uri,
                 wandb_mode=settings.wandb_mode,
             ),  # fmt: skip
         ),

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Path, Query, Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.bus import Bus
+from crucible.contracts.inputs import PRINTABLE
 
 
 async def _session(request: Request) -> AsyncIterator[AsyncSession]:
@@ -24,5 +25,13 @@ SessionDep = Annotated[AsyncSession, Depends(_session)]
 BusDep = Annotated[Bus | None, Depends(_bus)]
 LimitQuery = Annotated[int, Query(ge=1, le=500, description="Items per page.")]
 CursorQuery = Annotated[
-    str | None, Query(max_length=2000, description="`next_cursor` of the previous page; omit for the first.")
+    str | None,
+    Query(
+        max_length=2000,
+        pattern=r"^[A-Za-z0-9_-]*$",
+        description="`next_cursor` of the previous page; omit for the first.",
+    ),
 ]
+IdPath = Annotated[str, Path(min_length=1, max_length=200, pattern=PRINTABLE)]
+"""A run, trajectory or evaluation id in a path."""
+TextQuery = Annotated[str | None, Query(max_length=1000, pattern=PRINTABLE)]

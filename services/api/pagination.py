@@ -1,6 +1,8 @@
 """Keyset (cursor) pagination: stable under inserts, and as fast on page 1000 as on page 1.
 
-A cursor is the sort key of the last row served, as base64url JSON; clients treat it as opaque.
+A cursor is the sort key of the last row served, as base64url JSON; clients treat it as opaque. One
+that does not decode to values of the listing's key types (timestamps with their zone, integers within
+64 bits) is refused with a 400 before it reaches the database.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ import base64
 import binascii
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, and_, or_
@@ -39,9 +41,14 @@ def decode_cursor(cursor: str, keys: Sequence[InstrumentedAttribute[Any]]) -> li
         try:
             if expected is datetime:
                 value = datetime.fromisoformat(value)
+                if value.tzinfo is None:
+                    raise ValueError("a naive timestamp")
+                value = value.astimezone(UTC)
             elif type(value) is not expected:
                 raise TypeError(value)
-        except (TypeError, ValueError) as exc:
+            elif expected is int and not -(2**63) <= value < 2**63:
+                raise ValueError("an integer beyond 64 bits")
+        except (TypeError, ValueError, OverflowError) as exc:
             raise InvalidCursor("invalid cursor: not one this API returned for this listing") from exc
         values.append(value)
     return values

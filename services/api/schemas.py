@@ -7,15 +7,19 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from crucible.contracts.inputs import PRINTABLE, Input
 from crucible.contracts.runconfig import RunConfig
+
+MAX_VERSION = 2**31 - 1
+"""The largest weight version (or step) the database's 32-bit integer columns hold."""
 
 T = TypeVar("T")
 
 
-class RunCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+class RunCreate(Input):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, allow_inf_nan=False)
 
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200, pattern=PRINTABLE)
     config: RunConfig = Field(default_factory=RunConfig)
 
 
@@ -153,13 +157,15 @@ class TrajectoryDetail(TrajectorySummary):
     trained_steps: list[int]
 
 
-class EvalCreate(BaseModel):
+class EvalCreate(Input):
     """An evaluation of one published weight version; unset fields come from the run's `eval` section."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, allow_inf_nan=False)
 
-    run_id: str = Field(min_length=1, max_length=64)
-    version: int | None = Field(default=None, ge=0, description="Default: the run's latest published version.")
+    run_id: str = Field(min_length=1, max_length=64, pattern=PRINTABLE)
+    version: int | None = Field(
+        default=None, ge=0, le=MAX_VERSION, description="Default: the run's latest published version."
+    )
     taskset: str | None = Field(default=None, min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
     split: Literal["train", "validation", "test"] | None = None
     samples: int | None = Field(default=None, ge=0, le=64, description="Sampled episodes per task (pass@k).")

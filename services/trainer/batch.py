@@ -6,12 +6,10 @@ and `Batch.from_rows` move per-token values between the two layouts."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
-from crucible.contracts import ContractError
 from crucible.contracts.messages import Trajectory
 from crucible.contracts.packing import unpack
 
@@ -55,34 +53,6 @@ class Batch:
         out = torch.zeros(self.row_BT.shape, dtype=x_RT.dtype)
         out[valid] = x_RT[self.row_BT[valid], self.column_BT[valid]]
         return out
-
-
-def validate(trajectory: Trajectory) -> None:
-    """Refuse a trajectory the trainer could not use, so that only it is dead-lettered."""
-    t = trajectory
-    sizes = {
-        "tokens": len(t.tokens) // 4, "logprobs": len(t.logprobs) // 4, "versions": len(t.versions) // 4,
-        "loss_mask": len(t.loss_mask), "constraints": len(t.constraints),
-    }
-    if len(set(sizes.values())) != 1 or len(t.tokens) % 4 or len(t.logprobs) % 4 or len(t.versions) % 4:
-        raise ContractError(f"trajectory {t.trajectory_id}: per-token arrays differ in length: {sizes}")
-    if sizes["tokens"] < 2:
-        raise ContractError(f"trajectory {t.trajectory_id}: fewer than two tokens")
-    if not all(map(math.isfinite, unpack("f32", t.logprobs))):
-        raise ContractError(f"trajectory {t.trajectory_id}: behaviour logprobs that are not finite")
-    starts = t.context_starts
-    if starts and (starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= sizes["tokens"]):
-        raise ContractError(
-            f"trajectory {t.trajectory_id}: context starts {starts[:8]} are not increasing from 0 within"
-            f" {sizes['tokens']} tokens"
-        )
-    if t.routes_shape:
-        T, L, k = (t.routes_shape + [0, 0, 0])[:3]
-        if len(t.routes_shape) != 3 or T != sizes["tokens"] or len(t.routes) != T * L * k:
-            raise ContractError(
-                f"trajectory {t.trajectory_id}: routes of shape {t.routes_shape} ({len(t.routes)} bytes)"
-                f" do not fit {sizes['tokens']} tokens"
-            )
 
 
 def collate(trajectories: list[Trajectory], advantages: list[float]) -> Batch:

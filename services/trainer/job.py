@@ -34,13 +34,14 @@ from crucible.contracts.messages import (
     scheduled_eval_id,
 )
 from crucible.contracts.packing import unpack
+from crucible.contracts.trajectories import check_graded
 from crucible.model import Transformer
 from crucible.model.sources import initial_model, load_tokenizer
 from crucible.objectstore import ObjectNotFound
 from crucible.rl.advantages import group_advantages, is_uniform
 from crucible.rl.staleness import staleness
 from crucible.runtime import Runtime
-from services.trainer.batch import collate, validate
+from services.trainer.batch import collate
 from services.trainer.metrics import SKIPPED_STEPS, STEP_SECONDS, STEPS, TRAJECTORIES, VERSION
 from services.trainer.settings import Settings
 from services.trainer.sft import batches, render
@@ -240,7 +241,7 @@ class RunJob:
         trajectory = graded.trajectory
         if trajectory.run_id != self.run_id:
             raise ContractError(f"graded trajectory of run {trajectory.run_id} on run {self.run_id}'s subject")
-        validate(trajectory)
+        check_graded(graded)
         if trajectory.eval_id:
             return  # an evaluation's episode: graded for the record, never trained on
         if trajectory.trajectory_id in self.trained:

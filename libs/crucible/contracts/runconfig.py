@@ -17,8 +17,9 @@ from __future__ import annotations
 import tomllib
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from crucible.contracts.inputs import PRINTABLE, Input
 from crucible.model.config import PRESETS
 from crucible.model.sources import PACKAGE_PREFIX, PACKAGES
 
@@ -26,8 +27,8 @@ MAX_GROUP_SIZE = 64
 """The most episodes one group may have: the sandbox forks a group's copies in one call, at most this many."""
 
 
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+class Section(Input):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
 
 class TasksSection(Section):
@@ -38,7 +39,7 @@ class TasksSection(Section):
 
 
 class ModelSection(Section):
-    source: str = Field(default="tiny", min_length=1, max_length=1000)
+    source: str = Field(default="tiny", min_length=1, max_length=1000, pattern=PRINTABLE)
     """The starting weights: a Crucible preset (randomly initialised from `seed`, the byte-level agent),
     package:NAME, or the absolute path of a Hugging Face directory or a .gguf file on the trainer's and
     rollouts' machines (the model's own tokenizer, chat template and tool-call format)."""

@@ -6,9 +6,10 @@ import msgspec
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from crucible.contracts import ContractError, encode
+from crucible.contracts import encode
 from crucible.contracts.messages import GradedTrajectory
 from crucible.contracts.packing import unpack
+from crucible.contracts.trajectories import check_graded
 from crucible.db.models import Grading, Trajectory
 from crucible.db.statements import insert_or_ignore
 from services.api.records.common import known_run, log, when
@@ -23,13 +24,11 @@ def grading_key(graded: GradedTrajectory) -> str:
 async def record_graded(*, session: AsyncSession, graded: GradedTrajectory) -> bool:
     """Store a graded trajectory; count a distinct grading once. True if this was a new grading."""
     traj, reward = graded.trajectory, graded.reward
+    check_graded(graded)  # what the detail page decodes must decode: refused here, it is dead-lettered
     if await known_run(session, traj.run_id, f"graded trajectory {traj.trajectory_id}") is None:
         return False
-    try:
-        num_tokens = len(unpack("u32", traj.tokens))
-        version_min, version_max = agent_versions(graded)
-    except ValueError as exc:
-        raise ContractError(f"trajectory {traj.trajectory_id}: {exc}") from exc
+    num_tokens = len(unpack("u32", traj.tokens))
+    version_min, version_max = agent_versions(graded)
     await insert_or_ignore(
         session,
         Trajectory,

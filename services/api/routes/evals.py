@@ -4,7 +4,7 @@ from fastapi import APIRouter
 
 from services.api import queries
 from services.api.commands import create_eval
-from services.api.deps import BusDep, CursorQuery, LimitQuery, SessionDep
+from services.api.deps import BusDep, CursorQuery, IdPath, LimitQuery, SessionDep
 from services.api.schemas import EvalCreate, EvalOut, Page
 
 router = APIRouter(tags=["evaluations"])
@@ -24,14 +24,14 @@ async def post_eval(body: EvalCreate, session: SessionDep, bus: BusDep) -> EvalO
 
 
 @router.get("/v1/evals/{eval_id}", responses={404: {"description": "No evaluation with this id."}})
-async def get_eval(eval_id: str, session: SessionDep) -> EvalOut:
+async def get_eval(eval_id: IdPath, session: SessionDep) -> EvalOut:
     """An evaluation: its status, pass@1, pass@k and resolved rate with 95% intervals, quality measures."""
     return await queries.get_eval(session=session, eval_id=eval_id)
 
 
 @router.get("/v1/runs/{run_id}/evals", responses={404: {"description": "No run with this id."}})
 async def get_run_evals(
-    run_id: str, session: SessionDep, limit: LimitQuery = 100, cursor: CursorQuery = None
+    run_id: IdPath, session: SessionDep, limit: LimitQuery = 100, cursor: CursorQuery = None
 ) -> Page[EvalOut]:
     """The run's evaluations, oldest first."""
     return await queries.list_evals(session=session, run_id=run_id, limit=limit, cursor=cursor)

@@ -3,10 +3,12 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
+from pydantic import Field
 
+from crucible.contracts.inputs import PRINTABLE
 from services.api import queries
 from services.api.commands import cancel_run, create_run
-from services.api.deps import BusDep, CursorQuery, LimitQuery, SessionDep
+from services.api.deps import BusDep, CursorQuery, IdPath, LimitQuery, SessionDep
 from services.api.schemas import CheckpointOut, MetricsOut, Page, RunCreate, RunOut, StepOut
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -23,7 +25,7 @@ async def post_run(body: RunCreate, session: SessionDep, bus: BusDep) -> RunOut:
     "/{run_id}/cancel",
     responses={**NOT_FOUND, 409: {"description": "The run has already ended."}, 503: {"description": "The bus is unavailable."}},
 )
-async def post_cancel(run_id: str, session: SessionDep, bus: BusDep) -> RunOut:
+async def post_cancel(run_id: IdPath, session: SessionDep, bus: BusDep) -> RunOut:
     """End a run now: the rollouts stop admitting its groups, its trainer stops (what it trained stays
     published), and it is `cancelled`."""
     return await cancel_run(session=session, bus=bus, run_id=run_id)
@@ -41,13 +43,13 @@ async def get_runs(
 
 
 @router.get("/{run_id}", responses=NOT_FOUND)
-async def get_run(run_id: str, session: SessionDep) -> RunOut:
+async def get_run(run_id: IdPath, session: SessionDep) -> RunOut:
     return await queries.get_run(session=session, run_id=run_id)
 
 
 @router.get("/{run_id}/steps", responses=NOT_FOUND)
 async def get_steps(
-    run_id: str, session: SessionDep, limit: LimitQuery = 100, cursor: CursorQuery = None
+    run_id: IdPath, session: SessionDep, limit: LimitQuery = 100, cursor: CursorQuery = None
 ) -> Page[StepOut]:
     """Optimizer steps in order, with their metrics and the trajectories each trained on."""
     return await queries.list_steps(session=session, run_id=run_id, limit=limit, cursor=cursor)
@@ -55,17 +57,20 @@ async def get_steps(
 
 @router.get("/{run_id}/metrics", responses=NOT_FOUND)
 async def get_metrics(
-    run_id: str,
+    run_id: IdPath,
     session: SessionDep,
-    name: Annotated[list[str] | None, Query(description="Only these metrics (repeatable).")] = None,
+    name: Annotated[
+        list[Annotated[str, Field(max_length=200, pattern=PRINTABLE)]],
+        Query(max_length=100, description="Only these metrics (repeatable); all when omitted."),
+    ] = [],  # noqa: B006 - FastAPI copies a query default for each request
 ) -> MetricsOut:
     """Every numeric step metric (loss, reward_mean, staleness_mean, ...) as a series over steps."""
-    return await queries.metric_series(session=session, run_id=run_id, names=name)
+    return await queries.metric_series(session=session, run_id=run_id, names=name or None)
 
 
 @router.get("/{run_id}/checkpoints", responses=NOT_FOUND)
 async def get_checkpoints(
-    run_id: str, session: SessionDep, limit: LimitQuery = 100, cursor: CursorQuery = None
+    run_id: IdPath, session: SessionDep, limit: LimitQuery = 100, cursor: CursorQuery = None
 ) -> Page[CheckpointOut]:
     """Published weight versions, oldest first."""
     return await queries.list_checkpoints(session=session, run_id=run_id, limit=limit, cursor=cursor)

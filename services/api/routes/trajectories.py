@@ -5,28 +5,26 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from services.api import queries
-from services.api.deps import CursorQuery, LimitQuery, SessionDep
-from services.api.schemas import Page, TrajectoryDetail, TrajectorySummary
+from services.api.deps import CursorQuery, IdPath, LimitQuery, SessionDep, TextQuery
+from services.api.schemas import MAX_VERSION, Page, TrajectoryDetail, TrajectorySummary
 
 router = APIRouter(prefix="/v1", tags=["trajectories"])
 
 
 @router.get("/runs/{run_id}/trajectories", responses={404: {"description": "No run with this id."}})
 async def get_trajectories(
-    run_id: str,
+    run_id: IdPath,
     session: SessionDep,
     limit: LimitQuery = 50,
     cursor: CursorQuery = None,
-    min_reward: float | None = None,
-    max_reward: float | None = None,
-    task_id: str | None = None,
+    min_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    max_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
+    task_id: TextQuery = None,
     version: Annotated[
-        int | None, Query(ge=0, description="Has agent tokens from this policy version.")
+        int | None, Query(ge=0, le=MAX_VERSION, description="Has agent tokens from this policy version.")
     ] = None,
-    finish_reason: str | None = None,
-    eval_id: Annotated[
-        str | None, Query(description="This evaluation's episodes instead of the run's training ones.")
-    ] = None,
+    finish_reason: TextQuery = None,
+    eval_id: Annotated[TextQuery, Query(description="This evaluation's episodes instead of the run's training ones.")] = None,
     resolved: bool | None = None,
 ) -> Page[TrajectorySummary]:
     """A run's graded training trajectories (or one evaluation's episodes), newest first."""
@@ -45,6 +43,6 @@ async def get_trajectories(
 
 
 @router.get("/trajectories/{trajectory_id}", responses={404: {"description": "No trajectory with this id."}})
-async def get_trajectory(trajectory_id: str, session: SessionDep) -> TrajectoryDetail:
+async def get_trajectory(trajectory_id: IdPath, session: SessionDep) -> TrajectoryDetail:
     """One trajectory in full: text by side and policy version, tool calls, reward and test results."""
     return await queries.get_trajectory(session=session, trajectory_id=trajectory_id)

@@ -12,6 +12,7 @@ from crucible.db import make_engine, make_sessionmaker
 from crucible.db.models import Run
 from crucible.localstack.processes import free_ports
 from services.api.app import create_app
+from services.api.pagination import encode_cursor
 from services.api.settings import Settings
 
 pytestmark = pytest.mark.integration
@@ -122,9 +123,14 @@ async def test_runs_filter_by_status(
     assert (await client.get("/v1/runs", params={"status": "bogus"})).status_code == 422
 
 
-async def test_bad_cursor_and_limit_are_refused(client: AsyncClient) -> None:
-    response = await client.get("/v1/runs", params={"cursor": "garbage!"})
-    assert response.status_code == 400 and "invalid cursor" in response.json()["detail"]
+async def test_bad_cursor_and_limit_are_refused(client: AsyncClient, run_id: str) -> None:
+    assert (await client.get("/v1/runs", params={"cursor": "garbage!"})).status_code == 422  # not base64url
+    # Cursors the api never handed out: not JSON, a naive timestamp, an integer beyond 64 bits.
+    for values in ("garbage", ["2026-01-01T00:00:00", "run-x"], [2**64]):
+        cursor = encode_cursor(values) if isinstance(values, list) else values
+        path = "/v1/runs" if values != [2**64] else f"/v1/runs/{run_id}/steps"
+        response = await client.get(path, params={"cursor": cursor})
+        assert response.status_code == 400 and "invalid cursor" in response.json()["detail"], response.text
     assert (await client.get("/v1/runs", params={"limit": 0})).status_code == 422
     assert (await client.get("/v1/runs", params={"limit": 501})).status_code == 422
 

@@ -4,57 +4,23 @@ Redis, a migrated SQLite file."""
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
+from api_process import start_api, wait_ready
 
 from crucible.bus import Bus
 from crucible.contracts import subjects
 from crucible.contracts.events import Event, RunStatus
 from crucible.db.migrate import upgrade_async
 from crucible.localstack.processes import free_ports
-from crucible.settings import CommonSettings
 from services.api.settings import Settings
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-def _env(settings: CommonSettings) -> dict[str, str]:
-    values = {f"CRUCIBLE_{key.upper()}": str(value) for key, value in settings.model_dump().items()}
-    return {**os.environ, **values}
-
-
-TORCHLESS = Path(__file__).resolve().parents[2] / "torchless.py"
-
-
-def _start(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
-    """The api as `python -m services.api`, with torch unimportable (tests/torchless.py)."""
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [sys.executable, str(TORCHLESS), "services.api"], env=_env(settings), stdout=out, stderr=out
-        )
-
-
-def _wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            pytest.fail(f"api exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    pytest.fail(f"api not ready after {timeout}s:\n{log.read_text()}")
 
 
 async def test_service_serves_rest_ingests_and_stops_cleanly(
@@ -67,11 +33,11 @@ async def test_service_serves_rest_ingests_and_stops_cleanly(
     durables = {"graded_durable": f"api-graded-{suffix}", "events_durable": f"api-events-{suffix}"}
     settings = common_settings(Settings, database_url=database, api_port=port, **durables)
     log = tmp_path / "api.log"
-    proc = _start(settings, log)
+    proc = start_api(settings, log)
     bus = await Bus.connect(settings, name="api-service-test")
     try:
         base = f"http://127.0.0.1:{port}"
-        _wait_ready(base, proc, log)
+        wait_ready(base, proc, log)
         async with httpx.AsyncClient(base_url=base, timeout=10) as client:
             created = await client.post("/v1/runs", json={"name": "svc"})
             assert created.status_code == 201, created.text
@@ -102,6 +68,6 @@ def test_service_refuses_an_unmigrated_database(
     (port,) = free_ports(count=1)
     settings = common_settings(Settings, database_url=f"sqlite:///{tmp_path / 'empty.db'}", api_port=port)
     log = tmp_path / "api.log"
-    proc = _start(settings, log)
+    proc = start_api(settings, log)
     assert proc.wait(timeout=60) == 1
     assert "schema revision none" in log.read_text() and "crucible.db upgrade" in log.read_text()

@@ -21,9 +21,10 @@ from crucible.agent.episode import EpisodeState, run_episode
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts.packing import unpack
 from crucible.contracts.runconfig import RunConfig
+from crucible.contracts.trajectories import check_trajectory
 from crucible.model.hf import load_pretrained
 from services.rollout.external import ExternalEngine, ExternalEngineError
-from services.trainer.batch import collate, validate
+from services.trainer.batch import collate
 from services.trainer.step import replayed_masks, token_logprobs
 
 pytestmark = pytest.mark.integration
@@ -85,7 +86,7 @@ async def test_an_episode_on_the_external_engine_is_recorded_exactly(served, bus
             )  # fmt: skip
     finally:
         await engine.aclose()
-    validate(trajectory)
+    check_trajectory(trajectory)
     assert trajectory.tool_calls, trajectory.finish_reason
     mask = unpack("u8", trajectory.loss_mask)
     assert set(unpack("u32", trajectory.versions)) == {version} and sum(mask) > 0

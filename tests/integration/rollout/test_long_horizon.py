@@ -17,10 +17,11 @@ from crucible.agent.episode import SUMMARY_INTRO, SUMMARY_REQUEST, run_episode
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts.packing import unpack
 from crucible.contracts.runconfig import RunConfig
+from crucible.contracts.trajectories import check_trajectory
 from crucible.model import PRESETS, ModelOutput, Transformer, build_model
 from crucible.model.hf import load_pretrained
 from services.rollout.engine import PolicyEngine
-from services.trainer.batch import collate, validate
+from services.trainer.batch import collate
 from services.trainer.step import replayed_masks, token_logprobs
 
 pytestmark = pytest.mark.integration
@@ -68,7 +69,7 @@ async def test_an_episode_summarises_and_goes_on_in_a_new_context(tmp_path, bus,
             )  # fmt: skip
     finally:
         engine.close()
-    validate(trajectory)
+    check_trajectory(trajectory)
     tokens, mask = unpack("u32", trajectory.tokens), unpack("u8", trajectory.loss_mask)
     starts = trajectory.context_starts
     assert len(starts) >= 2 and starts[0] == 0, (starts, trajectory.finish_reason)

@@ -14,8 +14,9 @@ from crucible.contracts import ContractError
 from crucible.contracts.messages import Trajectory
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
+from crucible.contracts.trajectories import check_trajectory
 from crucible.model import PRESETS, build_model
-from services.trainer.batch import collate, validate
+from services.trainer.batch import collate
 from services.trainer.step import NonFiniteStep, train_step
 
 
@@ -85,9 +86,9 @@ def test_non_finite_gradients_are_not_applied(trainer) -> None:
 
 
 def test_non_finite_behaviour_logprobs_are_refused() -> None:
-    validate(_trajectory(0))
+    check_trajectory(_trajectory(0))
     with pytest.raises(ContractError, match="not finite"):
-        validate(_trajectory(0, logprob=float("nan")))
+        check_trajectory(_trajectory(0, logprob=float("nan")))
 
 
 async def test_non_finite_weights_are_never_published() -> None:
