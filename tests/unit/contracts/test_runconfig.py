@@ -29,12 +29,23 @@ from crucible.contracts.runconfig import MOVED, RunConfig, apply_override
         ({"schedule": {"group_size": 100}}, "schedule.group_size\n.*less than or equal to 64"),
         ({"seed": 2**70}, "seed\n.*less than 4294967296"),
         ({"schedule": {"max_steps": 10**12}}, "schedule.max_steps\n.*less than or equal to 1000000"),
+        # only the JSON kinds the schema promises: no flag for a number, no text for a flag, no NaN
+        ({"sft": {"tasks": False}}, "sft.tasks\n.*a number, not true or false"),
+        ({"seed": "5"}, "seed\n.*a number, not a string"),
+        ({"eval": {"at_end": 1}}, "eval.at_end\n.*true or false"),
+        ({"tasks": {"difficulties": [1, True]}}, "a number, not true or false"),
+        ({"optim": {"learning_rate": float("nan")}}, "finite number"),
+        ({"model": {"source": "tiny\x00"}}, "should match pattern"),
         ({"agent": {"driver": "harness", "context_policy": "summarize"}, "model": {"source": "package:smollm2-135m-instruct"}}, "builtin loop"),
     ],
 )
 def test_bad_configs_are_refused_naming_the_field(config: dict, message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         RunConfig.model_validate(config)
+
+
+def test_an_integral_float_is_an_integer_as_json_schema_reads_it() -> None:
+    assert RunConfig.model_validate({"seed": 3.0, "tasks": {"difficulties": [2.0]}}).seed == 3
 
 
 def test_flat_fields_of_the_first_config_name_their_new_place() -> None:
