@@ -19,7 +19,7 @@ from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import check_schema
 from crucible.runtime import Runtime
 from services.api import dashboard
-from services.api.commands import Conflict, Unavailable
+from services.api.commands import CatalogCheck, Conflict, Unavailable, Unservable
 from services.api.ingest import run_ingest
 from services.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from services.api.pagination import InvalidCursor
@@ -63,6 +63,11 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return await http_exception_handler(request, exc)
 
 
+async def _unservable(_request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, Unservable)
+    return JSONResponse(status_code=422, content={"detail": [{"type": "unservable", "loc": list(exc.loc), "msg": exc.msg}]})
+
+
 def _error(status: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:
     async def handler(_request: Request, exc: Exception) -> JSONResponse:
         return JSONResponse(status_code=status, content={"detail": str(exc)})
@@ -85,11 +90,13 @@ def create_app(
     app.state.settings = settings
     app.state.sessionmaker = sessionmaker
     app.state.bus = bus
+    app.state.catalog_check = CatalogCheck()
     app.add_exception_handler(NotFound, _error(404))
     app.add_exception_handler(InvalidCursor, _error(400))
     app.add_exception_handler(Unavailable, _error(503))
     app.add_exception_handler(Conflict, _error(409))
     app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(Unservable, _unservable)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     for module in (health, runs, trajectories, evals, dashboard):
         app.include_router(module.router)

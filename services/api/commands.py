@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 
+import nats.errors
 import structlog
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from crucible.bus import Bus
+from crucible.bus import Bus, BusError, RemoteError
 from crucible.contracts import subjects
 from crucible.contracts.events import TERMINAL_STATUSES
-from crucible.contracts.messages import EvalRequest, RunCreated, RunFinished
+from crucible.contracts.messages import DescribeReply, DescribeRequest, EvalRequest, RunCreated, RunFinished
 from crucible.contracts.runconfig import RunConfig
 from crucible.db.models import Checkpoint, Evaluation, Run, Step, utcnow
 from services.api.queries import NotFound
@@ -29,17 +31,79 @@ class Conflict(RuntimeError):
     """The request contradicts the resource's state (cancelling a run that has ended)."""
 
 
+class Unservable(ValueError):
+    """A run config the catalog cannot serve: a 422 naming the field, like any validation error."""
+
+    def __init__(self, loc: tuple[str, ...], msg: str) -> None:
+        super().__init__(msg)
+        self.loc, self.msg = loc, msg
+
+
+class CatalogCheck:
+    """Asks the catalog whether it holds what a run config trains and evaluates on: train tasks of every
+    difficulty in `tasks.difficulties`, and the evaluation's split when the run evaluates.
+
+    A catalog that does not answer (a stack still starting, one without a catalog, a bus that is down)
+    checks nothing, and is not asked again for `quiet_s`, so that run creation does not wait on it each
+    time: the rollouts then fail such a run with the catalog's own reason."""
+
+    def __init__(self, *, timeout_s: float = 5.0, quiet_s: float = 30.0) -> None:
+        self.timeout_s, self.quiet_s = timeout_s, quiet_s
+        self.silent_until = 0.0
+
+    async def __call__(self, bus: Bus, config: RunConfig) -> None:
+        if time.monotonic() < self.silent_until:
+            return
+        needs = [(("tasks",), config.tasks.taskset, "train", config.tasks.difficulties)]
+        if config.eval.every_versions or config.eval.at_end:
+            needs.append((("eval",), config.eval.taskset or config.tasks.taskset, config.eval.split, None))
+        for section, taskset, split, difficulties in needs:
+            try:
+                reply = await bus.request(
+                    subjects.CATALOG_DESCRIBE, DescribeRequest(taskset=taskset), DescribeReply, timeout=self.timeout_s
+                )
+            except (BusError, RemoteError, nats.errors.Error) as exc:
+                self.silent_until = time.monotonic() + self.quiet_s
+                log.warning("the catalog did not answer; run configs go unchecked for a while", error=str(exc))
+                return
+            _check_reply(section, taskset, split, difficulties, reply.difficulties)
+
+
+def _check_reply(
+    section: tuple[str, ...], taskset: str, split: str, difficulties: list[int] | None, held: dict[str, list[int]]
+) -> None:
+    if not held:
+        raise Unservable(("body", "config", *section, "taskset"), f"the catalog has no task set {taskset!r}")
+    if not held.get(split):
+        raise Unservable(
+            ("body", "config", *section, "split" if section == ("eval",) else "taskset"),
+            f"task set {taskset!r} has no {split} tasks (it has {', '.join(sorted(held))})",
+        )
+    missing = sorted(set(difficulties or ()) - set(held[split]))
+    if missing:
+        raise Unservable(
+            ("body", "config", *section, "difficulties"),
+            f"task set {taskset!r} has no {split} tasks of difficulty {', '.join(map(str, missing))};"
+            f" it has {', '.join(map(str, held[split]))}",
+        )
+
+
 def new_run_id() -> str:
     """Run ids appear in subject names, so they hold only letters, digits, '-' and '_'."""
     return f"run-{uuid.uuid4().hex[:16]}"
 
 
-async def create_run(*, session: AsyncSession, bus: Bus | None, name: str, config: RunConfig) -> RunOut:
+async def create_run(
+    *, session: AsyncSession, bus: Bus | None, name: str, config: RunConfig, check: CatalogCheck | None = None
+) -> RunOut:
     """Record the run, then announce it on `runs.<run_id>.created` (de-duplicated by run id).
 
-    The row is committed first, so every event about the run finds it. If the announcement fails the
-    run is marked failed with the reason, and the caller gets `Unavailable`.
+    A config the catalog cannot serve is refused first (`Unservable`). The row is committed before the
+    announcement, so every event about the run finds it. If the announcement fails the run is marked
+    failed with the reason, and the caller gets `Unavailable`.
     """
+    if bus is not None and check is not None:
+        await check(bus, config)
     now = utcnow()
     run = Run(
         run_id=new_run_id(),

@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.bus import Bus
 from crucible.contracts.inputs import PRINTABLE
+from services.api.commands import CatalogCheck
 
 
 async def _session(request: Request) -> AsyncIterator[AsyncSession]:
@@ -21,8 +22,13 @@ def _bus(request: Request) -> Bus | None:
     return request.app.state.bus
 
 
+def _catalog_check(request: Request) -> CatalogCheck:
+    return request.app.state.catalog_check
+
+
 SessionDep = Annotated[AsyncSession, Depends(_session)]
 BusDep = Annotated[Bus | None, Depends(_bus)]
+CatalogCheckDep = Annotated[CatalogCheck, Depends(_catalog_check)]
 LimitQuery = Annotated[int, Query(ge=1, le=500, description="Items per page.")]
 CursorQuery = Annotated[
     str | None,

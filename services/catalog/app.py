@@ -1,4 +1,5 @@
-"""Catalog service: publish the built-in task set at start, then answer `catalog.sample` and `catalog.get`."""
+"""Catalog service: publish the built-in task set at start, then answer `catalog.sample`, `catalog.list`,
+`catalog.describe` and `catalog.get`."""
 
 from __future__ import annotations
 
@@ -6,11 +7,19 @@ from random import Random
 
 from crucible.bus import RequestError
 from crucible.contracts import subjects
-from crucible.contracts.messages import ListRequest, SampleReply, SampleRequest, TaskReply, TaskRequest
+from crucible.contracts.messages import (
+    DescribeReply,
+    DescribeRequest,
+    ListRequest,
+    SampleReply,
+    SampleRequest,
+    TaskReply,
+    TaskRequest,
+)
 from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import check_schema
 from crucible.runtime import Runtime
-from services.catalog.index import get_task, list_tasks, sample_tasks
+from services.catalog.index import describe_taskset, get_task, list_tasks, sample_tasks
 from services.catalog.metrics import REJECTED, TASKS
 from services.catalog.publish import publish_taskset
 from services.catalog.settings import Settings
@@ -77,6 +86,10 @@ async def setup(rt: Runtime[Settings]) -> None:
             )
         return SampleReply(tasks=tasks)
 
+    async def describe(request: DescribeRequest) -> DescribeReply:
+        async with sessionmaker() as session:
+            return DescribeReply(difficulties=await describe_taskset(session=session, taskset=request.taskset))
+
     async def get(request: TaskRequest) -> TaskReply:
         async with sessionmaker() as session:
             return await get_task(
@@ -86,3 +99,4 @@ async def setup(rt: Runtime[Settings]) -> None:
     await rt.bus.serve(subjects.CATALOG_SAMPLE, sample, SampleRequest, queue=subjects.CATALOG_QUEUE)
     await rt.bus.serve(subjects.CATALOG_GET, get, TaskRequest, queue=subjects.CATALOG_QUEUE)
     await rt.bus.serve(subjects.CATALOG_LIST, list_split, ListRequest, queue=subjects.CATALOG_QUEUE)
+    await rt.bus.serve(subjects.CATALOG_DESCRIBE, describe, DescribeRequest, queue=subjects.CATALOG_QUEUE)

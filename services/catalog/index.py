@@ -115,6 +115,17 @@ async def list_tasks(*, session: AsyncSession, taskset: str, split: str, limit: 
     return [task_spec(row) for row in rows]
 
 
+async def describe_taskset(*, session: AsyncSession, taskset: str) -> dict[str, list[int]]:
+    """Each split of a task set with the difficulties it has tasks of, ascending."""
+    rows = await session.execute(
+        select(Task.split, Task.difficulty).where(Task.taskset == taskset).distinct().order_by(Task.difficulty)
+    )
+    out: dict[str, list[int]] = {}
+    for split, difficulty in rows:
+        out.setdefault(split, []).append(difficulty)
+    return out
+
+
 async def get_task(*, session: AsyncSession, task_id: str, include_secret: bool) -> TaskReply:
     row = await session.get(Task, task_id)
     if row is None:

@@ -90,6 +90,17 @@ class ListRequest(Message, tag="catalog.list.v1"):
     limit: int = 1000
 
 
+class DescribeRequest(Message, tag="catalog.describe.v1"):
+    """What one task set holds: the difficulties of each split (what a run config may ask for)."""
+
+    taskset: str
+
+
+class DescribeReply(Message, tag="catalog.describe_reply.v1"):
+    difficulties: dict[str, list[int]]
+    """Split (train, validation, test) to the difficulties it has tasks of, ascending; {} for an unknown set."""
+
+
 class SampleReply(Message, tag="catalog.sample_reply.v1"):
     tasks: list[TaskSpec]
 

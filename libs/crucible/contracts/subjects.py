@@ -14,6 +14,7 @@ from typing import Literal
 CATALOG_SAMPLE = "catalog.sample"
 CATALOG_GET = "catalog.get"
 CATALOG_LIST = "catalog.list"
+CATALOG_DESCRIBE = "catalog.describe"
 SANDBOX_CREATE = "sandbox.create"
 # Once created, a session lives on one replica: calls go to sandbox.<replica>.<verb>.
 SANDBOX_CALL = "sandbox.{replica}.{verb}"

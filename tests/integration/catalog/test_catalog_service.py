@@ -3,10 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from httpx import ASGITransport, AsyncClient
 
 from crucible.bus import RemoteError
 from crucible.contracts import subjects
-from crucible.contracts.messages import ListRequest, SampleReply, SampleRequest, TaskReply, TaskRequest
+from crucible.contracts.messages import (
+    DescribeReply,
+    DescribeRequest,
+    ListRequest,
+    SampleReply,
+    SampleRequest,
+    TaskReply,
+    TaskRequest,
+)
+from crucible.db import make_engine, make_sessionmaker
+from services.api.app import create_app
+from services.api.settings import Settings as ApiSettings
 from services.catalog.generator import HIDDEN_TESTS
 from services.catalog.snapshots import untar
 
@@ -65,3 +77,33 @@ async def test_a_split_is_listed_in_task_id_order(bus):
     assert [t.task_id for t in listed.tasks] == ["pybugs-d1-0000", "pybugs-d2-0000"]
     one = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset="pybugs", split="train", limit=1), SampleReply)
     assert [t.task_id for t in one.tasks] == ["pybugs-d1-0000"]
+
+
+async def test_describe_names_each_split_s_difficulties(bus):
+    reply = await bus.request(subjects.CATALOG_DESCRIBE, DescribeRequest(taskset="pybugs"), DescribeReply)
+    assert reply.difficulties == {"train": [1, 2]}
+    unknown = await bus.request(subjects.CATALOG_DESCRIBE, DescribeRequest(taskset="nope"), DescribeReply)
+    assert unknown.difficulties == {}
+
+
+async def test_the_api_refuses_a_run_the_catalog_cannot_serve(bus, catalog_settings):
+    """POST /v1/runs asks the catalog what it holds: a 422 names the field and what there is instead."""
+    engine = make_engine(catalog_settings.database_url)
+    app = create_app(settings=ApiSettings(), sessionmaker=make_sessionmaker(engine), bus=bus)
+    try:
+        async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api") as client:
+            cases = [
+                ({"tasks": {"difficulties": [1, 3]}}, ["tasks", "difficulties"], "no train tasks of difficulty 3; it has 1, 2"),
+                ({"tasks": {"taskset": "nope"}}, ["tasks", "taskset"], "the catalog has no task set 'nope'"),
+                ({"eval": {"at_end": True}}, ["eval", "split"], "task set 'pybugs' has no test tasks (it has train)"),
+            ]  # fmt: skip
+            for config, field, message in cases:
+                response = await client.post("/v1/runs", json={"name": "unservable", "config": config})
+                assert response.status_code == 422, response.text
+                (error,) = response.json()["detail"]
+                assert error["loc"] == ["body", "config", *field] and message in error["msg"], error
+            assert (await client.get("/v1/runs")).json()["items"] == []  # nothing recorded, nothing announced
+            served = await client.post("/v1/runs", json={"name": "servable", "config": {"tasks": {"difficulties": [2]}}})
+            assert served.status_code == 201, served.text
+    finally:
+        await engine.dispose()
