@@ -14,6 +14,7 @@ One way to do each thing:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from collections.abc import Awaitable, Callable
@@ -43,7 +44,14 @@ ERROR_HEADER = "Crucible-Error"
 DEDUP_WINDOW_S = 6 * 3600.0
 CONNECT_ATTEMPTS = 5
 NO_RESPONDERS_GRACE_S = 0.5
+HOLD_FIRST_RETRY_S, HOLD_MAX_RETRY_S = 1.0, 30.0
+"""Backoff while a message is held through an object-store outage."""
+HOLD_BEAT_S = 5.0
+"""Ack-deadline extension while held: well under any consumer's ack wait."""
 
+CLAIM_CHECK_HOLDS = Counter(
+    "crucible_bus_claim_check_holds_total", "Retries of a claim check the object store could not serve"
+)
 REQUESTS = Counter(
     "crucible_bus_requests_total", "Requests answered, by subject and result (ok or the error code)",
     ["subject", "result"],
@@ -285,7 +293,7 @@ class Bus:
                     await asyncio.sleep(1.0)
                     continue
                 for msg in msgs:
-                    await self._deliver(msg, stream, durable, handler, message_type, max_deliver)
+                    await self._deliver(msg, stream, durable, handler, message_type, max_deliver, stop)
         finally:
             try:
                 await psub.unsubscribe()
@@ -293,7 +301,14 @@ class Bus:
                 pass
 
     async def _deliver(
-        self, msg: Msg, stream: str, durable: str, handler: Handler, type_: type[M], max_deliver: int
+        self,
+        msg: Msg,
+        stream: str,
+        durable: str,
+        handler: Handler,
+        type_: type[M],
+        max_deliver: int,
+        stop: asyncio.Event,
     ) -> None:
         meta = msg.metadata
         headers = dict(msg.headers or {})
@@ -305,13 +320,20 @@ class Bus:
             msg_id=headers.get("Nats-Msg-Id"),
         )
         try:
-            await self._handle(delivery, stream, durable, handler, type_, max_deliver)
+            await self._handle(delivery, stream, durable, handler, type_, max_deliver, stop)
         finally:
             if not delivery.held:
                 delivery.stop_keep_alive()
 
     async def _handle(
-        self, delivery: Delivery, stream: str, durable: str, handler: Handler, type_: type[M], max_deliver: int
+        self,
+        delivery: Delivery,
+        stream: str,
+        durable: str,
+        handler: Handler,
+        type_: type[M],
+        max_deliver: int,
+        stop: asyncio.Event,
     ) -> None:
         msg = delivery.msg
         if delivery.attempt > max_deliver:
@@ -319,13 +341,12 @@ class Bus:
             await self.dead_letter(msg, stream=stream, consumer=durable, reason=reason)
             return
         try:
-            message = await self._unpack(msg.data, dict(msg.headers or {}), type_)
+            message = await self._read(delivery, type_, stop)
         except (ContractError, IntegrityError, ObjectNotFound) as exc:
             await self.dead_letter(msg, stream=stream, consumer=durable, reason=f"{type(exc).__name__}: {exc}")
             return
-        except Exception as exc:  # the object store is unreachable: try again later
-            log.warning("claim check unreadable; retrying", stream=stream, error=repr(exc))
-            await self._settle(msg.nak(delay=5.0))
+        if message is None:  # stopping while the object store was away: the next consumer reads it
+            await self._settle(msg.nak())
             return
         try:
             await handler(message, delivery)
@@ -348,6 +369,37 @@ class Bus:
             return
         if not delivery.held:
             await self._settle(msg.ack())
+
+    async def _read(self, delivery: Delivery, type_: type[M], stop: asyncio.Event) -> M | None:
+        """Decode a delivery, fetching its claim check. While the object store cannot be reached the
+        message is held (its ack deadline extended) and read again with backoff, up to 30 s apart, until
+        the store answers or `stop` is set (then None): an outage is not the message's fault, so it never
+        counts toward `max_deliver`. A payload that is missing or malformed raises for the dead letter."""
+        msg, pause = delivery.msg, HOLD_FIRST_RETRY_S
+        headers = dict(msg.headers or {})
+        try:
+            return await self._unpack(msg.data, headers, type_)
+        except (ContractError, IntegrityError, ObjectNotFound):
+            raise
+        except Exception as exc:  # the object store is unreachable (urllib3, OSError, minio's S3Error)
+            error = exc
+        async with delivery.keep_alive(every_s=HOLD_BEAT_S):
+            while not stop.is_set():
+                CLAIM_CHECK_HOLDS.inc()
+                log.warning("claim check unreadable; holding the message", subject=msg.subject,
+                            retry_in_s=pause, error=repr(error))  # fmt: skip
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), timeout=pause)
+                if stop.is_set():
+                    break
+                pause = min(2 * pause, HOLD_MAX_RETRY_S)
+                try:
+                    return await self._unpack(msg.data, headers, type_)
+                except (ContractError, IntegrityError, ObjectNotFound):
+                    raise
+                except Exception as exc:
+                    error = exc
+        return None
 
     async def _settle(self, reply: Awaitable[None]) -> None:
         """Ack or nak; if that fails (a reconnect), the server redelivers after the ack wait."""

@@ -12,6 +12,7 @@ from prometheus_client import REGISTRY
 from crucible.bus import Bus, BusTimeout, RemoteError, RequestError
 from crucible.contracts import subjects
 from crucible.contracts.messages import Message, SampleReply, SampleRequest, WeightsAnnounced
+from crucible.objectstore import ObjectStore
 
 pytestmark = pytest.mark.integration
 
@@ -270,3 +271,90 @@ async def test_streams_retire_what_no_run_needs(bus):
     assert newest.data == b"v2"
     with pytest.raises(nats.js.errors.NotFoundError):  # the older announcements are gone
         await bus.js.get_msg(subjects.WEIGHTS, acks[0].seq)
+
+
+class FlakyProxy:
+    """A TCP front for the S3 server that refuses every connection (closes it at once) until `heal()`,
+    then forwards: an object-store outage and its end, on loopback."""
+
+    def __init__(self, target: str) -> None:
+        host, port = target.rsplit(":", 1)
+        self.target = (host, int(port))
+        self.healed = False
+        self.refused = 0
+
+    async def start(self) -> str:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return f"127.0.0.1:{self.server.sockets[0].getsockname()[1]}"
+
+    def heal(self) -> None:
+        self.healed = True
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if not self.healed:
+            self.refused += 1
+            writer.close()
+            return
+        up_reader, up_writer = await asyncio.open_connection(*self.target)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while data := await src.read(65536):
+                    dst.write(data)
+                    await dst.drain()
+            except ConnectionError:
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+    async def close(self) -> None:
+        self.server.close()
+        await self.server.wait_closed()
+
+
+async def test_a_claim_check_is_held_through_an_object_store_outage_not_dead_lettered(
+    bus, run, common_settings
+):
+    settings = common_settings(claim_check_bytes=4096)
+    proxy = FlakyProxy(settings.s3_endpoint)
+    outage = settings.model_copy(update={"s3_endpoint": await proxy.start()})
+    consumer = await Bus.connect(outage, store=ObjectStore.from_settings(outage), name="test-outage")
+    big = event("big", blob="y" * 50_000)
+    await bus.publish(subjects.events(run, "big"), big, claim_prefix=f"runs/{run}/events")
+    handled: list[tuple[str, int]] = []
+
+    async def handler(message: Note, delivery) -> None:
+        handled.append((message.kind, delivery.attempt))
+
+    holds = REGISTRY.get_sample_value("crucible_bus_claim_check_holds_total") or 0.0
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        consumer.consume(
+            stream=subjects.EVENTS, durable=f"test-{run}", filter_subject=f"events.{run}.>",
+            handler=handler, message_type=Note, stop=stop, ack_wait=30.0, max_deliver=1,
+        )  # fmt: skip
+    )
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        # Held, not redelivered: more retries than max_deliver allows deliveries, and still nothing handled.
+        while (REGISTRY.get_sample_value("crucible_bus_claim_check_holds_total") or 0.0) - holds < 2:
+            assert loop.time() < deadline, "the consumer never retried the claim check"
+            await asyncio.sleep(0.05)
+        assert handled == [] and proxy.refused >= 2
+        proxy.heal()
+        while not handled:
+            assert loop.time() < deadline, "the message was not handled after the store came back"
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+        await consumer.close()
+        await proxy.close()
+        await bus.js.delete_consumer(subjects.EVENTS, f"test-{run}")
+    assert handled == [("big", 1)]  # one delivery, held through the outage
+    letters = [letter for _, letter in await bus.dead_letters(stream=subjects.EVENTS, limit=1000)
+               if letter.subject.startswith(f"events.{run}.")]  # fmt: skip
+    assert letters == []
