@@ -40,8 +40,9 @@ class Unservable(ValueError):
 
 
 class CatalogCheck:
-    """Asks the catalog whether it holds what a run config trains and evaluates on: train tasks of every
-    difficulty in `tasks.difficulties`, and the evaluation's split when the run evaluates.
+    """Asks the catalog whether it holds what a run config trains and evaluates on: train tasks of a
+    difficulty in `tasks.difficulties` (the rollouts sample among all the listed ones), and tasks of the
+    evaluation's split when the run evaluates.
 
     A catalog that does not answer (a stack still starting, one without a catalog, a bus that is down)
     checks nothing, and is not asked again for `quiet_s`, so that run creation does not wait on it each
@@ -79,11 +80,10 @@ def _check_reply(
             ("body", "config", *section, "split" if section == ("eval",) else "taskset"),
             f"task set {taskset!r} has no {split} tasks (it has {', '.join(sorted(held))})",
         )
-    missing = sorted(set(difficulties or ()) - set(held[split]))
-    if missing:
+    if difficulties and not set(difficulties) & set(held[split]):
         raise Unservable(
             ("body", "config", *section, "difficulties"),
-            f"task set {taskset!r} has no {split} tasks of difficulty {', '.join(map(str, missing))};"
+            f"task set {taskset!r} has no {split} tasks of difficulty {', '.join(map(str, sorted(difficulties)))};"
             f" it has {', '.join(map(str, held[split]))}",
         )
 

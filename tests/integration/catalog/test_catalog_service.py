@@ -93,7 +93,7 @@ async def test_the_api_refuses_a_run_the_catalog_cannot_serve(bus, catalog_setti
     try:
         async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api") as client:
             cases = [
-                ({"tasks": {"difficulties": [1, 3]}}, ["tasks", "difficulties"], "no train tasks of difficulty 3; it has 1, 2"),
+                ({"tasks": {"difficulties": [4, 3]}}, ["tasks", "difficulties"], "no train tasks of difficulty 3, 4; it has 1, 2"),
                 ({"tasks": {"taskset": "nope"}}, ["tasks", "taskset"], "the catalog has no task set 'nope'"),
                 ({"eval": {"at_end": True}}, ["eval", "split"], "task set 'pybugs' has no test tasks (it has train)"),
             ]  # fmt: skip
@@ -103,7 +103,7 @@ async def test_the_api_refuses_a_run_the_catalog_cannot_serve(bus, catalog_setti
                 (error,) = response.json()["detail"]
                 assert error["loc"] == ["body", "config", *field] and message in error["msg"], error
             assert (await client.get("/v1/runs")).json()["items"] == []  # nothing recorded, nothing announced
-            served = await client.post("/v1/runs", json={"name": "servable", "config": {"tasks": {"difficulties": [2]}}})
+            served = await client.post("/v1/runs", json={"name": "servable", "config": {"tasks": {"difficulties": [2, 3]}}})
             assert served.status_code == 201, served.text
     finally:
         await engine.dispose()
