@@ -34,7 +34,7 @@ from crucible.contracts.messages import (
     scheduled_eval_id,
 )
 from crucible.contracts.packing import unpack
-from crucible.contracts.trajectories import check_graded
+from crucible.contracts.trajectories import check_trajectory
 from crucible.model import Transformer
 from crucible.model.sources import initial_model, load_tokenizer
 from crucible.objectstore import ObjectNotFound
@@ -241,7 +241,7 @@ class RunJob:
         trajectory = graded.trajectory
         if trajectory.run_id != self.run_id:
             raise ContractError(f"graded trajectory of run {trajectory.run_id} on run {self.run_id}'s subject")
-        check_graded(graded)
+        check_trajectory(trajectory)  # a non-finite reward is the step's to skip, with its reason
         if trajectory.eval_id:
             return  # an evaluation's episode: graded for the record, never trained on
         if trajectory.trajectory_id in self.trained:

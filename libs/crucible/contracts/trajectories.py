@@ -1,6 +1,8 @@
 """What makes a graded trajectory usable, checked by every consumer that reads its arrays (the trainer
 before it trains, the api before it stores): one home, so a forged or corrupt message is dead-lettered
-with the same reason wherever it arrives instead of failing a training step or a detail page later."""
+with the same reason wherever it arrives instead of failing a training step or a detail page later.
+A non-finite reward is refused by the api (`check_graded`: it cannot be served as JSON); the trainer
+takes it and skips the step with the reason (see services.trainer.job)."""
 
 from __future__ import annotations
 
