@@ -375,31 +375,30 @@ class Bus:
         message is held (its ack deadline extended) and read again with backoff, up to 30 s apart, until
         the store answers or `stop` is set (then None): an outage is not the message's fault, so it never
         counts toward `max_deliver`. A payload that is missing or malformed raises for the dead letter."""
-        msg, pause = delivery.msg, HOLD_FIRST_RETRY_S
+        msg, pause, held = delivery.msg, HOLD_FIRST_RETRY_S, False
         headers = dict(msg.headers or {})
         try:
-            return await self._unpack(msg.data, headers, type_)
-        except (ContractError, IntegrityError, ObjectNotFound):
-            raise
-        except Exception as exc:  # the object store is unreachable (urllib3, OSError, minio's S3Error)
-            error = exc
-        async with delivery.keep_alive(every_s=HOLD_BEAT_S):
-            while not stop.is_set():
+            while True:
+                try:
+                    return await self._unpack(msg.data, headers, type_)
+                except (ContractError, IntegrityError, ObjectNotFound):
+                    raise
+                except Exception as exc:  # the object store is unreachable (urllib3, OSError, minio's S3Error)
+                    error = exc
+                if not held:
+                    delivery.keep_alive(every_s=HOLD_BEAT_S)
+                    held = True
                 CLAIM_CHECK_HOLDS.inc()
                 log.warning("claim check unreadable; holding the message", subject=msg.subject,
                             retry_in_s=pause, error=repr(error))  # fmt: skip
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), timeout=pause)
                 if stop.is_set():
-                    break
+                    return None
                 pause = min(2 * pause, HOLD_MAX_RETRY_S)
-                try:
-                    return await self._unpack(msg.data, headers, type_)
-                except (ContractError, IntegrityError, ObjectNotFound):
-                    raise
-                except Exception as exc:
-                    error = exc
-        return None
+        finally:
+            if held:
+                delivery.stop_keep_alive()
 
     async def _settle(self, reply: Awaitable[None]) -> None:
         """Ack or nak; if that fails (a reconnect), the server redelivers after the ack wait."""

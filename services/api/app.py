@@ -65,7 +65,8 @@ async def _http_error(request: Request, exc: Exception) -> Response:
 
 async def _unservable(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, Unservable)
-    return JSONResponse(status_code=422, content={"detail": [{"type": "unservable", "loc": list(exc.loc), "msg": exc.msg}]})
+    detail = [{"type": "unservable", "loc": list(exc.loc), "msg": exc.msg}]
+    return JSONResponse(status_code=422, content={"detail": detail})
 
 
 def _error(status: int) -> Callable[[Request, Exception], Awaitable[JSONResponse]]:

@@ -17,7 +17,7 @@ T = TypeVar("T")
 
 
 class RunCreate(Input):
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, allow_inf_nan=False)
+    model_config = ConfigDict(str_strip_whitespace=True)
 
     name: str = Field(min_length=1, max_length=200, pattern=PRINTABLE)
     config: RunConfig = Field(default_factory=RunConfig)
@@ -160,7 +160,7 @@ class TrajectoryDetail(TrajectorySummary):
 class EvalCreate(Input):
     """An evaluation of one published weight version; unset fields come from the run's `eval` section."""
 
-    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True, allow_inf_nan=False)
+    model_config = ConfigDict(str_strip_whitespace=True)
 
     run_id: str = Field(min_length=1, max_length=64, pattern=PRINTABLE)
     version: int | None = Field(

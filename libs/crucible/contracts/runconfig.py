@@ -28,7 +28,7 @@ MAX_GROUP_SIZE = 64
 
 
 class Section(Input):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
+    model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
 
 class TasksSection(Section):
