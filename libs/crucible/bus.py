@@ -3,18 +3,20 @@
 One way to do each thing:
 - `publish` puts a message on a stream, de-duplicated by `Nats-Msg-Id`; a payload over the claim-check
   threshold goes to the object store and the message carries its reference.
-- `consume` runs a durable pull consumer with explicit ack: ack after the handler returns, nak with a
-  back-off when it raises, dead-letter (with the reason) when a message cannot be decoded or keeps failing.
+- `consume` runs a durable pull consumer with explicit ack: ack after the handler returns, dead-letter
+  (with the reason) a message that cannot be decoded or raises `ContractError`, hold a message whose work
+  finds a dependency `Unavailable` (see `crucible.outage`) and try it again until it answers, and nak
+  with a back-off when the handler fails otherwise, dead-lettering it after `max_deliver` deliveries.
   Long work keeps its message with `Delivery.keep_alive` (the ack deadline is extended until it is settled).
 - `request` / `serve` are request/reply with deadlines; errors travel back as a typed error reply. `serve`
   counts every request and its latency per subject (`crucible_bus_requests_total`, `..._request_seconds`).
+  A request nobody answers, or answered `busy`, `shutting_down` or `unavailable`, raises `Unavailable`.
 - `latest` / `watch` read the newest message on a subject and follow new ones (weight announcements).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import time
 from collections.abc import Awaitable, Callable
@@ -34,6 +36,7 @@ from crucible.contracts import ContractError, decode, encode, subjects
 from crucible.contracts.keys import bus_claim_prefix
 from crucible.contracts.messages import DeadLetter, Message, ObjectRef
 from crucible.objectstore import IntegrityError, ObjectNotFound, ObjectStore
+from crucible.outage import Unavailable, ride_out
 from crucible.settings import CommonSettings
 
 M = TypeVar("M", bound=Message)
@@ -44,14 +47,11 @@ ERROR_HEADER = "Crucible-Error"
 DEDUP_WINDOW_S = 6 * 3600.0
 CONNECT_ATTEMPTS = 5
 NO_RESPONDERS_GRACE_S = 0.5
-HOLD_FIRST_RETRY_S, HOLD_MAX_RETRY_S = 1.0, 30.0
-"""Backoff while a message is held through an object-store outage."""
 HOLD_BEAT_S = 5.0
-"""Ack-deadline extension while held: well under any consumer's ack wait."""
+"""Ack-deadline extension while a message is held through an outage: well under any consumer's ack wait."""
+TRANSIENT_CODES = frozenset({"busy", "shutting_down", "unavailable"})
+"""Error codes of a reply that say the service cannot do it now, not that the request is wrong."""
 
-CLAIM_CHECK_HOLDS = Counter(
-    "crucible_bus_claim_check_holds_total", "Retries of a claim check the object store could not serve"
-)
 REQUESTS = Counter(
     "crucible_bus_requests_total", "Requests answered, by subject and result (ok or the error code)",
     ["subject", "result"],
@@ -66,7 +66,11 @@ class BusError(RuntimeError):
     """The bus could not do what was asked."""
 
 
-class BusTimeout(BusError):
+class BusUnavailable(BusError, Unavailable):
+    """The server, or the service asked, cannot be reached now."""
+
+
+class BusTimeout(BusUnavailable):
     """No reply within the deadline: nobody serves the subject, or the server is overloaded."""
 
 
@@ -77,6 +81,10 @@ class RemoteError(BusError):
         super().__init__(f"{code}: {detail}")
         self.code = code
         self.detail = detail
+
+
+class RemoteUnavailable(RemoteError, Unavailable):
+    """The service answered that it cannot do it now (`TRANSIENT_CODES`)."""
 
 
 class RequestError(Exception):
@@ -228,9 +236,9 @@ class Bus:
                 raise ContractError("claim-checked message, but this bus has no object store")
             try:
                 ref = msgspec.msgpack.decode(data, type=ObjectRef)
-            except msgspec.DecodeError as exc:
-                raise ContractError(f"bad claim check: {exc}") from exc
-            data = await self.store.get_bytes(ref)
+                data = await self.store.get_bytes(ref)
+            except (msgspec.DecodeError, ValueError, IntegrityError, ObjectNotFound) as exc:
+                raise ContractError(f"bad claim check: {type(exc).__name__}: {exc}") from exc
         return decode(data, type_)
 
     # --- streams ----------------------------------------------------------------------------------
@@ -247,7 +255,7 @@ class Bus:
         try:
             ack = await self.js.publish(subject, data, headers=headers or None, timeout=10)
         except (nats.errors.Error, TimeoutError) as exc:
-            raise BusError(f"publish on {subject} failed: {type(exc).__name__}: {exc}") from exc
+            raise BusUnavailable(f"publish on {subject} failed: {type(exc).__name__}: {exc}") from exc
         return not ack.duplicate
 
     async def consume(
@@ -340,16 +348,19 @@ class Bus:
             reason = f"delivered {delivery.attempt} times without being acknowledged"
             await self.dead_letter(msg, stream=stream, consumer=durable, reason=reason)
             return
-        try:
-            message = await self._read(delivery, type_, stop)
-        except (ContractError, IntegrityError, ObjectNotFound) as exc:
-            await self.dead_letter(msg, stream=stream, consumer=durable, reason=f"{type(exc).__name__}: {exc}")
-            return
-        if message is None:  # stopping while the object store was away: the next consumer reads it
-            await self._settle(msg.nak())
-            return
-        try:
+
+        ours: list[asyncio.Task | None] = [None]
+
+        def hold() -> None:  # the work found a dependency away: keep the message while it waits
+            delivery.held = False
+            ours[0] = delivery.keep_alive(every_s=HOLD_BEAT_S)._beat
+
+        async def work() -> None:
+            message = await self._unpack(msg.data, dict(msg.headers or {}), type_)
             await handler(message, delivery)
+
+        try:
+            done, _ = await ride_out(work, stop=stop, what=f"consume {stream}", on_hold=hold)
         except asyncio.CancelledError:
             delivery.held = False  # a failed handler's message is settled here, whatever it meant to hold
             await self._settle(msg.nak())
@@ -367,38 +378,14 @@ class Bus:
             else:
                 await self._settle(msg.nak(delay=min(30.0, 0.5 * 2 ** (delivery.attempt - 1))))
             return
+        if not done:  # stopping while a dependency was away: the next consumer takes it
+            delivery.held = False
+            await self._settle(msg.nak())
+            return
         if not delivery.held:
             await self._settle(msg.ack())
-
-    async def _read(self, delivery: Delivery, type_: type[M], stop: asyncio.Event) -> M | None:
-        """Decode a delivery, fetching its claim check. While the object store cannot be reached the
-        message is held (its ack deadline extended) and read again with backoff, up to 30 s apart, until
-        the store answers or `stop` is set (then None): an outage is not the message's fault, so it never
-        counts toward `max_deliver`. A payload that is missing or malformed raises for the dead letter."""
-        msg, pause, held = delivery.msg, HOLD_FIRST_RETRY_S, False
-        headers = dict(msg.headers or {})
-        try:
-            while True:
-                try:
-                    return await self._unpack(msg.data, headers, type_)
-                except (ContractError, IntegrityError, ObjectNotFound):
-                    raise
-                except Exception as exc:  # the object store is unreachable (urllib3, OSError, minio's S3Error)
-                    error = exc
-                if not held:
-                    delivery.keep_alive(every_s=HOLD_BEAT_S)
-                    held = True
-                CLAIM_CHECK_HOLDS.inc()
-                log.warning("claim check unreadable; holding the message", subject=msg.subject,
-                            retry_in_s=pause, error=repr(error))  # fmt: skip
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), timeout=pause)
-                if stop.is_set():
-                    return None
-                pause = min(2 * pause, HOLD_MAX_RETRY_S)
-        finally:
-            if held:
-                delivery.stop_keep_alive()
+        elif delivery._beat is not None and delivery._beat is ours[0]:
+            delivery.stop_keep_alive()  # held by the handler now: its owner keeps it alive, or not
 
     async def _settle(self, reply: Awaitable[None]) -> None:
         """Ack or nak; if that fails (a reconnect), the server redelivers after the ack wait."""
@@ -518,7 +505,7 @@ class Bus:
         reply_headers = dict(reply.headers or {})
         if reply_headers.get(ERROR_HEADER):
             err = msgspec.msgpack.decode(reply.data, type=_ErrorReply)
-            raise RemoteError(err.code, err.detail)
+            raise (RemoteUnavailable if err.code in TRANSIENT_CODES else RemoteError)(err.code, err.detail)
         return await self._unpack(reply.data, reply_headers, reply_type)
 
     async def serve(
@@ -540,9 +527,11 @@ class Bus:
                 request = await self._unpack(msg.data, dict(msg.headers or {}), request_type)
                 reply = await handler(request)
                 data, headers = await self._pack(msg.reply, reply, None)
-            except (RequestError, ContractError) as exc:
-                result = exc.code if isinstance(exc, RequestError) else "bad_request"
-                detail = exc.detail if isinstance(exc, RequestError) else str(exc)
+            except (RequestError, ContractError, Unavailable) as exc:
+                if isinstance(exc, RequestError):
+                    result, detail = exc.code, exc.detail
+                else:
+                    result, detail = ("bad_request" if isinstance(exc, ContractError) else "unavailable"), str(exc)
                 data, headers = msgspec.msgpack.encode(_ErrorReply(result, detail)), {ERROR_HEADER: "1"}
             except Exception as exc:  # never let one request take the service down
                 log.exception("request handler failed", subject=subject)

@@ -3,6 +3,10 @@
 Works against any S3 server (SeaweedFS embedded, MinIO in compose). Every put returns an `ObjectRef`
 with the payload's sha256, and every get can verify it, so a torn or tampered object is caught where
 it is read. The minio client is synchronous; calls run in worker threads.
+
+A missing object raises `ObjectNotFound` and a torn one `IntegrityError` (the reference is at fault);
+a store that cannot be reached, or answers with any other S3 error (a server error, throttling, a bad
+credential or a missing bucket), raises `crucible.outage.Unavailable`: it is never the caller's data.
 """
 
 from __future__ import annotations
@@ -10,16 +14,20 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+from collections.abc import Callable
+from typing import TypeVar
 
 import urllib3
 from minio import Minio
-from minio.error import S3Error
+from minio.error import MinioException, S3Error
 
 from crucible.contracts.messages import ObjectRef
+from crucible.outage import Unavailable
 from crucible.settings import CommonSettings
 
 # S3 error codes that mean "no such object" (servers differ between get and stat).
 _MISSING = frozenset({"NoSuchKey", "NoSuchObject", "NoSuchBucket", "NotFound"})
+T = TypeVar("T")
 
 
 class IntegrityError(RuntimeError):
@@ -61,6 +69,16 @@ class ObjectStore:
     def uri(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
+    async def _run(self, call: Callable[[], T]) -> T:
+        """Run a blocking minio call in a worker thread; transport and server failures become
+        `Unavailable`."""
+        try:
+            return await asyncio.to_thread(call)
+        except S3Error as exc:
+            raise Unavailable(f"object store refused: {exc.code}: {exc.message}") from exc
+        except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
+            raise Unavailable(f"object store unreachable: {type(exc).__name__}: {exc}") from exc
+
     async def ensure_bucket(self) -> None:
         def run() -> None:
             if not self.client.bucket_exists(self.bucket):
@@ -70,7 +88,7 @@ class ObjectStore:
                     if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
                         raise
 
-        await asyncio.to_thread(run)
+        await self._run(run)
 
     async def check(self) -> None:
         """Raise unless the object store answers and the bucket is there (a readiness probe)."""
@@ -79,7 +97,7 @@ class ObjectStore:
             if not self.client.bucket_exists(self.bucket):
                 raise ObjectNotFound(f"bucket {self.bucket} does not exist")
 
-        await asyncio.to_thread(run)
+        await self._run(run)
 
     async def put_bytes(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> ObjectRef:
         digest = hashlib.sha256(data).hexdigest()
@@ -89,7 +107,7 @@ class ObjectStore:
                 self.bucket, key, io.BytesIO(data), len(data), content_type=content_type, metadata={"sha256": digest}
             )
 
-        await asyncio.to_thread(run)
+        await self._run(run)
         return ObjectRef(uri=self.uri(key), sha256=digest, size=len(data))
 
     def _open(self, uri: str):
@@ -113,7 +131,7 @@ class ObjectStore:
                 response.close()
                 response.release_conn()
 
-        data = await asyncio.to_thread(run)
+        data = await self._run(run)
         if verify and isinstance(ref, ObjectRef):
             digest = hashlib.sha256(data).hexdigest()
             if digest != ref.sha256 or len(data) != ref.size:
@@ -136,7 +154,7 @@ class ObjectStore:
                 response.release_conn()
             return digest.hexdigest(), size
 
-        return await asyncio.to_thread(run)
+        return await self._run(run)
 
     async def exists(self, key: str) -> bool:
         def run() -> bool:
@@ -148,13 +166,13 @@ class ObjectStore:
                     return False
                 raise
 
-        return await asyncio.to_thread(run)
+        return await self._run(run)
 
     async def delete(self, key: str) -> None:
-        await asyncio.to_thread(self.client.remove_object, self.bucket, key)
+        await self._run(lambda: self.client.remove_object(self.bucket, key))
 
     async def list(self, prefix: str) -> list[str]:
         def run() -> list[str]:
             return [o.object_name for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True)]
 
-        return await asyncio.to_thread(run)
+        return await self._run(run)

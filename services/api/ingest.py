@@ -3,7 +3,8 @@
 Durable pull consumers, so a restarted or second replica continues where the last ack left off. A
 message that cannot be decoded, or whose content is invalid, ends on the dead-letter stream with the
 reason (the bus does that); one about an unknown run is logged and acknowledged. While the database is
-unreachable a message is held (its ack deadline extended) and retried, never dead-lettered.
+unreachable a message is held (its ack deadline extended) and retried, never dead-lettered: the
+database errors become `crucible.outage.Unavailable`, which the bus rides out.
 """
 
 from __future__ import annotations
@@ -19,31 +20,21 @@ from crucible.bus import Bus, Delivery, Handler
 from crucible.contracts import subjects
 from crucible.contracts.events import Event
 from crucible.contracts.messages import GradedTrajectory, Message
+from crucible.outage import Unavailable
 from services.api.metrics import INGESTED
 from services.api.records import apply_event, record_graded
 from services.api.trackers import Trackers
 
 log = structlog.get_logger("crucible.api")
 UNREACHABLE = (OperationalError, InterfaceError, OSError)
-KEEP_ALIVE_S = 5.0  # well under the consumers' ack wait
 
 
-async def _until_stored(
-    work: Callable[[], Awaitable[object]], delivery: Delivery, stop: asyncio.Event
-) -> None:
-    delay = 0.5
-    while True:
-        try:
-            await work()
-            return
-        except UNREACHABLE as exc:
-            if stop.is_set():
-                raise
-            log.warning("database unavailable; holding the message", error=str(exc), retry_in_s=delay)
-        if delay == 0.5:  # the first failure: the message is held from here on (the bus stops it once settled)
-            delivery.keep_alive(every_s=KEEP_ALIVE_S)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, 10.0)
+async def _store(work: Callable[[], Awaitable[object]]) -> None:
+    """Run a database write; the database being away is an outage (the bus holds the message)."""
+    try:
+        await work()
+    except UNREACHABLE as exc:
+        raise Unavailable(f"database unavailable: {type(exc).__name__}: {exc}") from exc
 
 
 async def run_ingest(
@@ -67,7 +58,7 @@ async def run_ingest(
                 if trackers is not None:
                     await trackers.observe_graded(session, graded)
 
-        await _until_stored(work, delivery, stop)
+        await _store(work)
         INGESTED.labels(subjects.GRADED).inc()
 
     async def on_event(event: Event, delivery: Delivery) -> None:
@@ -77,7 +68,7 @@ async def run_ingest(
                 if trackers is not None:
                     await trackers.observe_event(session, event)
 
-        await _until_stored(work, delivery, stop)
+        await _store(work)
         INGESTED.labels(subjects.EVENTS).inc()
 
     async def consume(stream: str, durable: str, handler: Handler, message_type: type[Message]) -> None:

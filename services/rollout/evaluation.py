@@ -20,10 +20,10 @@ from crucible.clients.checkpoints import load_weights
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts import subjects
 from crucible.contracts.events import EvalReport, Event
-from crucible.contracts.keys import trajectory_claim_prefix
 from crucible.contracts.messages import EvalRequest, ListRequest, RunCreated, SampleReply, TaskSpec
 from crucible.runtime import Runtime
 from services.rollout.engine import PolicyEngine
+from services.rollout.publish import publish_trajectory
 from services.rollout.settings import Settings
 
 SANDBOX_TTL_S = 600.0
@@ -125,13 +125,7 @@ async def _evaluate_task(rt, engine, created: RunCreated, request: EvalRequest, 
                     trajectory_id=trajectory_id,
                 )
             trajectory = msgspec.structs.replace(trajectory, eval_id=request.eval_id, eval_sample=sample)
-            await rt.bus.publish(
-                subjects.rollouts(request.run_id),
-                trajectory,
-                msg_id=trajectory_id,
-                claim_prefix=trajectory_claim_prefix(request.run_id, trajectory_id),
-            )
-            return True
+            return await publish_trajectory(rt.bus, trajectory, stop=rt.stopping)
         except Exception as exc:  # counted as failed: the evaluation completes without it
             rt.log.error("evaluation episode failed", eval_id=request.eval_id, trajectory=trajectory_id, error=repr(exc))
             return False

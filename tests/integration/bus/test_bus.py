@@ -9,10 +9,11 @@ import nats.js.errors
 import pytest
 from prometheus_client import REGISTRY
 
-from crucible.bus import Bus, BusTimeout, RemoteError, RequestError
+from crucible.bus import Bus, BusTimeout, RemoteError, RemoteUnavailable, RequestError
 from crucible.contracts import subjects
 from crucible.contracts.messages import Message, SampleReply, SampleRequest, WeightsAnnounced
-from crucible.objectstore import ObjectStore
+from crucible.objectstore import ObjectNotFound, ObjectStore
+from crucible.outage import Unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -273,6 +274,11 @@ async def test_streams_retire_what_no_run_needs(bus):
         await bus.js.get_msg(subjects.WEIGHTS, acks[0].seq)
 
 
+def retries(stream: str) -> float:
+    """How often this process's consumers of `stream` held work because a dependency was away."""
+    return REGISTRY.get_sample_value("crucible_outage_retries_total", {"work": f"consume {stream}"}) or 0.0
+
+
 class FlakyProxy:
     """A TCP front for the S3 server that refuses every connection (closes it at once) until `heal()`,
     then forwards: an object-store outage and its end, on loopback."""
@@ -328,7 +334,7 @@ async def test_a_claim_check_is_held_through_an_object_store_outage_not_dead_let
     async def handler(message: Note, delivery) -> None:
         handled.append((message.kind, delivery.attempt))
 
-    holds = REGISTRY.get_sample_value("crucible_bus_claim_check_holds_total") or 0.0
+    holds = retries(subjects.EVENTS)
     stop = asyncio.Event()
     task = asyncio.create_task(
         consumer.consume(
@@ -340,7 +346,7 @@ async def test_a_claim_check_is_held_through_an_object_store_outage_not_dead_let
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 60
         # Held, not redelivered: more retries than max_deliver allows deliveries, and still nothing handled.
-        while (REGISTRY.get_sample_value("crucible_bus_claim_check_holds_total") or 0.0) - holds < 2:
+        while retries(subjects.EVENTS) - holds < 2:
             assert loop.time() < deadline, "the consumer never retried the claim check"
             await asyncio.sleep(0.05)
         assert handled == [] and proxy.refused >= 2
@@ -358,3 +364,77 @@ async def test_a_claim_check_is_held_through_an_object_store_outage_not_dead_let
     letters = [letter for _, letter in await bus.dead_letters(stream=subjects.EVENTS, limit=1000)
                if letter.subject.startswith(f"events.{run}.")]  # fmt: skip
     assert letters == []
+
+
+async def test_a_handler_whose_dependency_is_away_is_held_and_retried_not_dead_lettered(bus, run):
+    """The handler asks a service that is not there yet, then one whose own dependency is away: both
+    are outages, held through (its ack deadline extended) with max_deliver=1, never counted or parked."""
+    dependency = f"test.{run}.dependency"
+    answered: list[str] = []
+
+    async def service(request: SampleRequest) -> SampleReply:
+        if not answered:
+            answered.append("unavailable")
+            raise Unavailable("its database is away")
+        answered.append("ok")
+        return SampleReply(tasks=[])
+
+    handled: list[tuple[str, int]] = []
+
+    async def handler(message: Note, delivery) -> None:
+        await bus.request(dependency, SampleRequest(run_id=run, taskset="t"), SampleReply, timeout=2)
+        handled.append((message.kind, delivery.attempt))
+
+    with pytest.raises(BusTimeout):  # both kinds of refusal are Unavailable to the handler
+        await bus.request(dependency, SampleRequest(run_id=run, taskset="t"), SampleReply, timeout=2)
+    assert issubclass(BusTimeout, Unavailable) and issubclass(RemoteUnavailable, Unavailable)
+    await bus.publish(subjects.events(run, "needs"), event("needs"))
+    before = retries(subjects.EVENTS)
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        bus.consume(
+            stream=subjects.EVENTS, durable=f"test-{run}", filter_subject=f"events.{run}.>",
+            handler=handler, message_type=Note, stop=stop, ack_wait=30.0, max_deliver=1,
+        )  # fmt: skip
+    )
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while retries(subjects.EVENTS) - before < 2:  # tried twice with nobody serving: more than max_deliver
+            assert loop.time() < deadline, "the consumer never retried the handler"
+            await asyncio.sleep(0.05)
+        assert handled == []
+        await bus.serve(dependency, service, SampleRequest)
+        while not handled:
+            assert loop.time() < deadline, "the message was not handled once the service answered"
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+        await bus.js.delete_consumer(subjects.EVENTS, f"test-{run}")
+    assert answered == ["unavailable", "ok"]  # the service's "unavailable" reply was held through too
+    assert handled == [("needs", 1)]
+    letters = [letter for _, letter in await bus.dead_letters(stream=subjects.EVENTS, limit=1000)
+               if letter.subject.startswith(f"events.{run}.")]  # fmt: skip
+    assert letters == []
+
+
+async def test_object_store_failures_are_unavailable_and_a_missing_object_is_not(common_settings, run):
+    settings = common_settings()
+    proxy = FlakyProxy(settings.s3_endpoint)
+    away = settings.model_copy(update={"s3_endpoint": await proxy.start()})
+    store = ObjectStore.from_settings(away)
+    try:
+        with pytest.raises(Unavailable, match="unreachable"):
+            await store.put_bytes(f"tests/{run}/x", b"x")
+        proxy.heal()
+        await store.ensure_bucket()
+        ref = await store.put_bytes(f"tests/{run}/x", b"x")
+        assert await store.get_bytes(ref) == b"x"
+        with pytest.raises(ObjectNotFound):
+            await store.get_bytes(f"s3://{settings.s3_bucket}/tests/{run}/missing")
+        wrong = ObjectStore.from_settings(away.model_copy(update={"s3_secret_key": "not-the-key"}))
+        with pytest.raises(Unavailable, match="refused"):  # a bad credential is the deployment's, not the data's
+            await wrong.get_bytes(ref)
+    finally:
+        await proxy.close()

@@ -28,6 +28,9 @@ from crucible.contracts.messages import (
     Trajectory,
 )
 from crucible.contracts.runconfig import RunConfig
+from crucible.db.migrate import upgrade_async
+from services.catalog.app import setup as catalog_setup
+from services.catalog.settings import Settings as CatalogSettings
 from services.grader.app import setup as grader_setup
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -268,4 +271,38 @@ async def test_grader_killed_mid_run_is_picked_up_by_the_next_one(
     assert [g.trajectory.trajectory_id for g in graded] == [slow.trajectory_id]
     reward = graded[0].reward
     assert reward.tests_total > 0 and reward.tests_passed == reward.tests_total, reward
+    assert await count_on(bus, subjects.DEAD_LETTER, subjects.dead_letter(subjects.ROLLOUTS)) == 0
+
+
+@pytest.mark.parametrize("grader_settings", [{"max_deliver": 1}], indirect=True)
+async def test_a_trajectory_waits_out_a_catalog_outage_and_is_graded_once_it_is_back(
+    bus, sandbox, common_settings, sqlite_url, grader_settings, start_service
+):
+    """The catalog away is an outage, not the trajectory's fault: the grader holds it (even with
+    max_deliver=1) and grades it when the catalog answers again, once, with no dead letter."""
+    await upgrade_async(sqlite_url)
+    catalog_settings = common_settings(CatalogSettings, tasks_per_difficulty=1, difficulties=[1], verify_workers=1)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    async with start_service("catalog", catalog_settings, catalog_setup):
+        task = await a_task(bus, run_id)
+    assert task.secret is not None
+    right = trajectory(run_id=run_id, task=task, diff=task.secret.reference_patch)
+    held = f"consume {subjects.ROLLOUTS}"
+
+    def retries() -> float:
+        return REGISTRY.get_sample_value("crucible_outage_retries_total", {"work": held}) or 0.0
+
+    before = retries()
+    async with start_service("grader", grader_settings, grader_setup):
+        await bus.publish(subjects.rollouts(run_id), right)
+
+        async def tried_twice() -> bool:  # two tries without a catalog: past what max_deliver allows
+            return retries() - before >= 2
+
+        await wait_for(tried_twice, timeout_s=60, what="the grader to hold the trajectory")
+        assert await count_on(bus, subjects.GRADED, subjects.graded(run_id)) == 0
+        async with start_service("catalog", catalog_settings, catalog_setup):
+            await wait_for(lambda: queue_drained(bus, run_id), timeout_s=120, what="the grader to finish")
+    [graded] = await graded_messages(bus, run_id)
+    assert graded.trajectory.trajectory_id == right.trajectory_id and graded.reward.resolved
     assert await count_on(bus, subjects.DEAD_LETTER, subjects.dead_letter(subjects.ROLLOUTS)) == 0
