@@ -1,10 +1,11 @@
-"""Session leases in Redis: every session has a key with a TTL, renewed by its calls, and every replica
-a heartbeat. A replica's reaper destroys its sessions whose lease lapsed (a crashed rollout never
-destroys its sandboxes); a replica that restarts releases whatever its earlier run held; and a
-replica whose heartbeat lapsed has its leftovers on this machine swept by any live one.
+"""Session leases in Redis: every session has a key with a TTL (its value: the replica holding it),
+renewed by its calls, and every replica a set of the sessions it holds, so that a restarted replica
+releases whatever its earlier run held.
 
-Redis is coordination only: when it is unreachable, sessions fall back to their local idle deadline
-and the service keeps serving.
+The replica's own registry decides: a session is reaped when its local idle deadline passes (every call
+renews both), never because its key is gone. Redis only mirrors the registry, and the reaper puts back
+what Redis lost (a flush, a failover) on its next round. When Redis is unreachable the service keeps
+serving.
 """
 
 from __future__ import annotations
@@ -28,12 +29,6 @@ class Leases:
         self.replica = replica
         self._renewed: dict[str, float] = {}
         self._renewing: set[asyncio.Future] = set()
-
-    async def heartbeat(self, ttl_s: float) -> None:
-        await self.redis.set(keys.sandbox_replica_key(self.replica), "1", px=int(ttl_s * 1000))
-
-    async def alive(self, replica: str) -> bool:
-        return bool(await self.redis.exists(keys.sandbox_replica_key(replica)))
 
     async def grant(self, session_id: str, ttl_s: float) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
@@ -59,14 +54,17 @@ class Leases:
         if not task.cancelled() and task.exception() is not None:
             log.warning("cannot renew a lease (Redis unreachable)", error=str(task.exception()))
 
-    async def lapsed(self, session_ids: list[str]) -> list[str]:
-        if not session_ids:
+    async def restore(self, remaining_s: dict[str, float]) -> list[str]:
+        """Grant again, for its remaining time, the lease of each live session (id: seconds left) that
+        Redis no longer has; returns the ids restored."""
+        if not remaining_s:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
-            for session_id in session_ids:
-                pipe.exists(keys.sandbox_lease_key(session_id))
+            for session_id, left in remaining_s.items():
+                pipe.set(keys.sandbox_lease_key(session_id), self.replica, px=max(int(left * 1000), 1), nx=True)
+            pipe.sadd(keys.sandbox_sessions_key(self.replica), *remaining_s)
             found = await pipe.execute()
-        return [s for s, alive in zip(session_ids, found, strict=True) if not alive]
+        return [s for s, restored in zip(remaining_s, found[:-1], strict=True) if restored]
 
     async def drop(self, session_id: str, *, replica: str | None = None) -> None:
         self._renewed.pop(session_id, None)

@@ -1,9 +1,11 @@
 """The sessions one replica holds: create (within `max_sessions`), fork, look up, reap, destroy.
 
-A session lives until it is destroyed, its lease lapses (every call renews it), or the replica shuts
-down; its workspace, cgroup and background jobs go with it. At start a replica sweeps what an earlier
-run of itself left (mounts, folders, cgroups, leases) and what replicas with a lapsed heartbeat left
-under the same workspace root (`roots` takes back the host's part), then finds out what the host
+A session lives until it is destroyed, sits idle past its TTL (every call renews it), or the replica
+shuts down; its workspace, cgroup and background jobs go with it. This registry decides; the Redis
+leases mirror it (`leases`), and a flush of Redis costs no session. A replica holds its `ReplicaLock`
+while it lives: at start it takes the lock and sweeps what an earlier run of itself left (mounts,
+folders, cgroups, leases), and its reaper sweeps what replicas whose lock nobody holds (dead ones) left
+under the same workspace root (`roots` takes back the host's part); then it finds out what the host
 allows (`host`).
 """
 
@@ -24,7 +26,7 @@ from services.sandbox.isolation.archive import BadArchive
 from services.sandbox.isolation.bwrap import Sandbox
 from services.sandbox.isolation.cgroups import Cgroups
 from services.sandbox.leases import Leases, RedisError
-from services.sandbox.roots import remove_replica
+from services.sandbox.roots import ReplicaLock, remove_replica
 from services.sandbox.session import Session
 from services.sandbox.settings import Settings
 from services.sandbox.workspace import SnapshotCache, Workspace
@@ -47,18 +49,33 @@ class SessionManager:
         self.cgroups: Cgroups | None = None
         self.sandbox: Sandbox = None  # type: ignore[assignment]  # set by start()
         self.snapshots: SnapshotCache = None  # type: ignore[assignment]
+        self.lock: ReplicaLock | None = None
 
     async def start(self) -> None:
         """Sweep leftovers, work out what the host allows, and check that bubblewrap works here. A start
         that fails takes back what it made (mounts, folders, cgroups) before it raises."""
         self.workspace_root.mkdir(parents=True, exist_ok=True)
         self.workspace_root.chmod(0o711)
+        self.lock = await self._take_lock()
         await self.sweep(self.settings.replica)
         try:
             await self._prepare()
         except BaseException:
             await self.sweep(self.settings.replica)
+            self.lock.release()
             raise
+
+    async def _take_lock(self, *, wait_s: float = 10.0) -> ReplicaLock:
+        """This replica's lock; a peer sweeping this replica's leftovers holds it for a moment."""
+        deadline = time.monotonic() + wait_s
+        while (lock := ReplicaLock.try_acquire(self.workspace_root, self.settings.replica)) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"replica {self.settings.replica!r} is held by another live process under {self.workspace_root}"
+                    " (give each replica its own name)"
+                )
+            await asyncio.sleep(0.1)
+        return lock
 
     async def _prepare(self) -> None:
         s = self.settings
@@ -97,20 +114,20 @@ class SessionManager:
                     log.info("released leftover leases", replica=replica, sessions=released)
 
     async def sweep_dead_replicas(self) -> list[str]:
-        """Sweep the folders of replicas under our workspace root whose heartbeat lapsed."""
-        if self.leases is None:
-            return []
+        """Sweep the folders of replicas under our workspace root whose process is gone (nobody holds
+        their lock); each is swept holding its lock, so it cannot start meanwhile."""
         swept = []
         for folder in self.workspace_root.iterdir():
             name = folder.name
             if name == self.settings.replica or not folder.is_dir():
                 continue
+            lock = ReplicaLock.try_acquire(self.workspace_root, name)
+            if lock is None:
+                continue  # alive
             try:
-                if await self.leases.alive(name):
-                    continue
-            except RedisError:
-                return swept
-            await self.sweep(name)
+                await self.sweep(name)
+            finally:
+                lock.release(remove=True)
             swept.append(name)
         return swept
 
@@ -246,16 +263,19 @@ class SessionManager:
         return True
 
     async def reap(self) -> int:
-        """Destroy the sessions whose lease lapsed (or, without Redis, that sat idle past their TTL)."""
+        """Destroy the idle sessions whose TTL passed since their last call, and put back the leases of
+        the others that Redis lost (a flush, a failover): Redis mirrors this registry, never rules it."""
         now = time.monotonic()
-        idle = [s.id for s in self.sessions.values() if not s.busy]
-        expired = [sid for sid in idle if self.sessions[sid].deadline < now]
+        expired = [s.id for s in self.sessions.values() if not s.busy and s.deadline < now]
         if self.leases is not None:
+            live = {sid: s.deadline - now for sid, s in self.sessions.items() if sid not in expired}
             try:
-                await self.leases.heartbeat(3 * self.settings.reap_interval_s)
-                expired = await self.leases.lapsed(idle)
+                restored = await self.leases.restore(live)
             except RedisError as exc:
-                log.warning("cannot check leases (Redis unreachable); the local TTL applies", error=str(exc))
+                log.warning("cannot mirror leases (Redis unreachable)", error=str(exc))
+            else:
+                if restored:
+                    log.warning("re-established leases Redis had lost", sessions=len(restored))
         for session_id in expired:
             if session_id in self.sessions and not self.sessions[session_id].busy:
                 await self.destroy(session_id)
@@ -278,6 +298,8 @@ class SessionManager:
         self.closing = True
         await asyncio.gather(*(self.destroy(session_id) for session_id in list(self.sessions)))
         await self.sweep(self.settings.replica)
+        if self.lock is not None:
+            self.lock.release(remove=True)
 
 
 async def _never() -> bytes:

@@ -1,8 +1,10 @@
-"""Workspace roots on the host: a fresh one claimed per process, and taking back what a replica, or a
-process killed outright, left under one (mounts, folders, cgroups)."""
+"""Workspace roots on the host: a fresh one claimed per process, the lock that says a replica under one
+is alive, and taking back what a replica, or a process killed outright, left there (mounts, folders,
+cgroups)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import stat
@@ -11,6 +13,44 @@ from pathlib import Path
 
 from services.sandbox.isolation import mounts
 from services.sandbox.isolation.cgroups import Cgroups
+
+
+class ReplicaLock:
+    """An exclusive flock on `<workspace_root>/<replica>.lock`, held for as long as the replica lives.
+    The kernel releases it when its process dies, however it dies, so whether a replica on this
+    machine is alive is known exactly (Redis, which may be flushed, is not asked)."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def try_acquire(cls, workspace_root: Path, replica: str) -> ReplicaLock | None:
+        """The replica's lock, or None while a live process holds it."""
+        path = workspace_root / f"{replica}.lock"
+        while True:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return cls(path, fd)
+            os.close(fd)  # the file was removed (its replica swept) between open and lock: take the new one
+
+    def release(self, *, remove: bool = False) -> None:
+        """Let go of the lock; `remove` deletes the file first (while it is still held)."""
+        if self._fd is None:
+            return
+        if remove:
+            self.path.unlink(missing_ok=True)
+        os.close(self._fd)
+        self._fd = None
 
 
 def remove_replica(workspace_root: Path, replica: str) -> None:

@@ -87,16 +87,11 @@ def graded_key(trajectory_id: str) -> str:
     return f"crucible:graded:{trajectory_id}"
 
 
-def sandbox_replica_key(replica: str) -> str:
-    """A sandbox replica's heartbeat; when it lapses, any replica on that machine may sweep its leftovers."""
-    return f"crucible:sandbox:replica:{replica}"
-
-
 def sandbox_sessions_key(replica: str) -> str:
     """The sessions a sandbox replica holds (a restarted replica releases them all)."""
     return f"crucible:sandbox:replica:{replica}:sessions"
 
 
 def sandbox_lease_key(session_id: str) -> str:
-    """A session's lease (value: its replica), renewed by every call; when it lapses, the session is reaped."""
+    """A session's lease (value: its replica), renewed by every call; it mirrors the replica's registry."""
     return f"crucible:sandbox:lease:{session_id}"
