@@ -119,10 +119,11 @@ def common_settings(
     """Factory: `common_settings(**overrides)`, or `common_settings(SettingsClass, **overrides)` for a
     service's own settings class.
 
-    Every call in one test shares one bucket (and stream prefix, where the settings have one), unique
-    to the test, so tests never see each other's objects or messages on the shared servers."""
+    Every call in one test shares one bucket, unique to the test, so tests never see each other's
+    objects on the shared S3 server. On the shared NATS server tests keep apart by their own run ids,
+    subjects and durables; a test that needs the streams to itself (a work-queue consumer, a server it
+    restarts) starts a NATS server of its own."""
     bucket = unique_name("crucible-test")
-    prefix = bucket.replace("-", "_").upper()
 
     def make(settings_cls: type[S] = CommonSettings, /, **overrides: Any) -> S:  # type: ignore[assignment]
         values: dict[str, Any] = {
@@ -133,8 +134,6 @@ def common_settings(
             "http_port": 0,
             **s3,
         }
-        if "bus_prefix" in settings_cls.model_fields:
-            values["bus_prefix"] = prefix
         values.update(overrides)
         return settings_cls(**values)
 

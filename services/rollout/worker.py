@@ -21,7 +21,7 @@ from services.rollout.admission import budget_spent, release, try_admit
 from services.rollout.engine import PolicyEngine
 from services.rollout.external import ExternalEngine
 from services.rollout.harness import Episodes, run_harness_episode
-from services.rollout.metrics import EPISODES, TOKENS, VERSION
+from services.rollout.metrics import EPISODES, GROUPS_IN_FLIGHT, TOKENS, VERSION
 from services.rollout.publish import publish_trajectory
 from services.rollout.settings import Settings
 
@@ -123,6 +123,10 @@ class RunWorker:
             pass
 
     async def _group(self, index: int) -> None:
+        with GROUPS_IN_FLIGHT.labels(self.run_id).track_inprogress():
+            await self._run_group(index)
+
+    async def _run_group(self, index: int) -> None:
         group_id = f"{self.run_id}-g{index:05d}-{uuid.uuid4().hex[:8]}"
         try:
             reply = await self.rt.bus.request(

@@ -9,6 +9,8 @@ from crucible.bus import RequestError
 from crucible.contracts import sandbox
 from crucible.contracts.messages import Message
 from crucible.contracts.sandbox import (
+    AliveReply,
+    AliveRequest,
     ApplyRequest,
     CreateReply,
     CreateRequest,
@@ -54,6 +56,7 @@ class Handlers:
             sandbox.VERB_OVERLAY: (self.overlay, OverlayRequest),
             sandbox.VERB_DESTROY: (self.destroy, DestroyRequest),
             sandbox.VERB_FORK: (self.fork, ForkRequest),
+            sandbox.VERB_ALIVE: (self.alive, AliveRequest),
         }
 
     async def create(self, req: CreateRequest) -> CreateReply:
@@ -106,6 +109,9 @@ class Handlers:
             raise RequestError("bad_request", f"ttl_s must be positive, got {req.ttl_s}")
         children = await parent.exclusive(lambda: self.manager.fork(parent, count=req.count, ttl_s=req.ttl_s))
         return ForkReply(session_ids=[c.id for c in children], replica=self.settings.replica)
+
+    async def alive(self, req: AliveRequest) -> AliveReply:
+        return AliveReply(alive=req.session_id in self.manager.sessions)
 
     async def destroy(self, req: DestroyRequest) -> DestroyReply:
         return DestroyReply(destroyed=await self.manager.destroy(req.session_id))

@@ -96,6 +96,7 @@ class RunJob:
         self.in_step: list[Delivery] = []
         self.arrived = asyncio.Event()
         self.last_arrival = time.monotonic()  # of a graded trajectory (or the run's start on this trainer)
+        self.last_refill = 0.0  # when groups lost in flight were last replaced
         self.stop_consuming = asyncio.Event()
 
     def _build_model(self) -> Transformer:
@@ -307,6 +308,7 @@ class RunJob:
                     if waited > self.settings.stall_timeout_s:
                         await self._fail(run_delivery, f"no graded trajectory came for {waited:.0f} s: the run cannot progress")
                         return
+                    await self._replace_lost_groups(len(ready), waited)
                     self.arrived.clear()
                     try:
                         await asyncio.wait_for(self.arrived.wait(), timeout=1.0)
@@ -343,6 +345,19 @@ class RunJob:
             self.dropped_groups += 1
             TRAJECTORIES.labels(self.run_id, "uniform").inc(len(group.members))
             await self._refill(1)
+
+    async def _replace_lost_groups(self, ready: int, waited: float) -> None:
+        """Nothing came for `group_timeout_s`: groups were lost in flight (a rollout replica or its
+        sandbox died mid-group, and its admissions died with it). Ask for as many more as the step
+        lacks, at most once per `group_timeout_s`, so that lost groups never exhaust the run's budget."""
+        timeout = self.settings.group_timeout_s
+        if waited < timeout or time.monotonic() - self.last_refill < timeout:
+            return
+        self.last_refill = time.monotonic()
+        missing = self.config.schedule.groups_per_step - ready
+        self.rt.log.warning("no graded work; replacing groups lost in flight", run_id=self.run_id,
+                            groups=missing, waited_s=round(waited))  # fmt: skip
+        await self._refill(missing)
 
     async def _refill(self, groups: int) -> None:
         """Tell the rollouts to admit `groups` more groups in place of groups that will never be trained."""

@@ -6,18 +6,24 @@
         diff = await box.diff()
 
 Errors from the service raise `crucible.bus.RemoteError` with a code (`unknown_session`, `busy`,
-`bad_snapshot`, ...); a failed tool call is not an error but a `ToolResult` with ok=False.
+`bad_snapshot`, ...); a failed tool call is not an error but a `ToolResult` with ok=False. While a call
+runs longer than `PROBE_EVERY_S`, the client asks the replica every `PROBE_EVERY_S` whether it still
+holds the session: if it died (or restarted without it) the call raises `SandboxLost` within seconds
+instead of waiting out its deadline (which covers the command's own timeout, minutes for a test run).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from types import TracebackType
+from typing import TypeVar
 
-from crucible.bus import Bus, BusError
+from crucible.bus import Bus, BusError, BusTimeout, BusUnavailable
 from crucible.contracts import subjects
-from crucible.contracts.messages import ObjectRef
+from crucible.contracts.messages import Message, ObjectRef
 from crucible.contracts.sandbox import (
+    VERB_ALIVE,
     VERB_APPLY,
     VERB_DESTROY,
     VERB_DIFF,
@@ -25,6 +31,8 @@ from crucible.contracts.sandbox import (
     VERB_OVERLAY,
     VERB_RUN,
     VERB_TOOL,
+    AliveReply,
+    AliveRequest,
     ApplyRequest,
     CreateReply,
     CreateRequest,
@@ -42,6 +50,14 @@ from crucible.contracts.sandbox import (
 )
 
 REPLY_MARGIN_S = 15.0
+PROBE_EVERY_S = 5.0
+PROBE_MISSES = 2
+"""Probes in a row the replica must fail to answer before its session is taken for lost."""
+R = TypeVar("R", bound=Message)
+
+
+class SandboxLost(BusUnavailable):
+    """The session's replica died, or restarted without the session: the call will never be answered."""
 
 
 class SandboxSession:
@@ -59,25 +75,46 @@ class SandboxSession:
     def _deadline(self, command_timeout_s: float | None) -> float:
         return max(self.call_timeout_s, (command_timeout_s or 0.0) + REPLY_MARGIN_S)
 
+    async def _ask(self, verb: str, request: Message, reply_type: type[R], *, timeout: float | None = None) -> R:
+        """One call on the session, given up with `SandboxLost` once the replica stops holding it."""
+        call = asyncio.ensure_future(
+            self.bus.request(self._subject(verb), request, reply_type, timeout=timeout or self.call_timeout_s)
+        )
+        misses = 0
+        try:
+            while not (await asyncio.wait({call}, timeout=PROBE_EVERY_S))[0]:
+                try:
+                    alive = await self.bus.request(
+                        self._subject(VERB_ALIVE), AliveRequest(session_id=self.session_id), AliveReply,
+                        timeout=PROBE_EVERY_S,
+                    )  # fmt: skip
+                except BusTimeout:
+                    misses += 1
+                    if misses < PROBE_MISSES:
+                        continue
+                    raise SandboxLost(f"sandbox replica {self.replica} stopped answering (session {self.session_id})")
+                misses = 0
+                if not alive.alive:
+                    raise SandboxLost(f"sandbox replica {self.replica} no longer holds session {self.session_id}")
+            return call.result()
+        finally:
+            call.cancel()
+
     async def tool(self, name: str, /, **arguments: object) -> ToolResult:
         request = ToolRequest(session_id=self.session_id, name=name, arguments=arguments)
         timeout_s = arguments.get("timeout_s")
         deadline = self._deadline(float(timeout_s) if isinstance(timeout_s, int | float) else None)
-        reply = await self.bus.request(self._subject(VERB_TOOL), request, ToolReply, timeout=deadline)
+        reply = await self._ask(VERB_TOOL, request, ToolReply, timeout=deadline)
         return reply.result
 
     async def diff(self) -> str:
         request = DiffRequest(session_id=self.session_id)
-        reply = await self.bus.request(
-            self._subject(VERB_DIFF), request, DiffReply, timeout=self.call_timeout_s
-        )
+        reply = await self._ask(VERB_DIFF, request, DiffReply)
         return reply.diff
 
     async def apply_patch(self, patch: str) -> ToolResult:
         request = ApplyRequest(session_id=self.session_id, patch=patch)
-        reply = await self.bus.request(
-            self._subject(VERB_APPLY), request, ToolReply, timeout=self.call_timeout_s
-        )
+        reply = await self._ask(VERB_APPLY, request, ToolReply)
         return reply.result
 
     async def run(
@@ -92,25 +129,19 @@ class SandboxSession:
             timeout_s=timeout_s,
             output_cap=output_cap,
         )
-        reply = await self.bus.request(
-            self._subject(VERB_RUN), request, ToolReply, timeout=self._deadline(timeout_s)
-        )
+        reply = await self._ask(VERB_RUN, request, ToolReply, timeout=self._deadline(timeout_s))
         return reply.result
 
     async def overlay(self, archive: ObjectRef) -> ToolResult:
         """Lay a tar.gz from the object store over the workspace root."""
         request = OverlayRequest(session_id=self.session_id, archive=archive)
-        reply = await self.bus.request(
-            self._subject(VERB_OVERLAY), request, ToolReply, timeout=self.call_timeout_s
-        )
+        reply = await self._ask(VERB_OVERLAY, request, ToolReply)
         return reply.result
 
     async def fork(self, count: int, *, ttl_s: float = 600.0) -> list[SandboxSession]:
         """`count` copies of this session's workspace as it is now, on the same replica (copy-on-write)."""
         request = ForkRequest(session_id=self.session_id, count=count, ttl_s=ttl_s)
-        reply = await self.bus.request(
-            self._subject(VERB_FORK), request, ForkReply, timeout=self.call_timeout_s
-        )
+        reply = await self._ask(VERB_FORK, request, ForkReply)
         return [
             SandboxSession(self.bus, session_id=sid, replica=reply.replica, call_timeout_s=self.call_timeout_s)
             for sid in reply.session_ids
@@ -119,9 +150,7 @@ class SandboxSession:
     async def destroy(self) -> bool:
         """Destroy the session; False if it was already gone."""
         request = DestroyRequest(session_id=self.session_id)
-        reply = await self.bus.request(
-            self._subject(VERB_DESTROY), request, DestroyReply, timeout=self.call_timeout_s
-        )
+        reply = await self._ask(VERB_DESTROY, request, DestroyReply)
         return reply.destroyed
 
     async def __aenter__(self) -> SandboxSession:

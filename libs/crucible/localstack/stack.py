@@ -202,6 +202,30 @@ class LocalStack:
         """Send a signal to one service; for SIGKILL/SIGTERM/SIGINT returns its exit code once it exited."""
         return self.service(name).signal(sig)
 
+    def stop_server(self, name: str) -> None:
+        """Stop an embedded server ("nats" or "seaweedfs"): an outage, until `start_server`."""
+        self._server(name).stop()
+        self._dead_servers.add(name)
+
+    def start_server(self, name: str) -> None:
+        """Start a stopped embedded server again, on its port and with its state: the outage ends."""
+        old = self._server(name)
+        assert self.state_dir is not None
+        if name == "nats":
+            new = start_nats(state_dir=self.state_dir, port=old.port)
+        else:
+            new = start_seaweedfs(
+                state_dir=self.state_dir, access_key=self._s3["access_key"], secret_key=self._s3["secret_key"],
+                s3_port=old.port,
+            )  # fmt: skip
+        self.servers[name] = new
+        self._dead_servers.discard(name)
+
+    def _server(self, name: str) -> Server:
+        if name not in ("nats", "seaweedfs") or name not in self.servers:
+            raise ValueError(f"no embedded {name!r} server to stop or start (embedded: {', '.join(self.servers)})")
+        return self.servers[name]
+
     def poll(self) -> list[tuple[str, int]]:
         """Services and embedded servers that exited on their own since the last poll, with exit codes."""
         exited = []

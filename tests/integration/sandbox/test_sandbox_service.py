@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 
+import psutil
 import pytest
+from cli_runner import settings_env
 from sandbox_archives_integration import tar_gz
 
-from crucible.bus import RemoteError
-from crucible.clients.sandbox import SandboxClient, SandboxSession
+from crucible.bus import Bus, BusTimeout, RemoteError
+from crucible.clients.sandbox import PROBE_EVERY_S, PROBE_MISSES, SandboxClient, SandboxLost, SandboxSession
 from crucible.contracts.messages import ObjectRef
+from crucible.outage import Unavailable
 
 pytestmark = pytest.mark.integration
 
@@ -135,3 +139,42 @@ async def test_shutdown_destroys_every_session(bus, snapshot, service):
             break
         await asyncio.sleep(0.1)
     assert not root.exists()
+
+
+async def test_a_call_on_a_replica_that_dies_fails_within_seconds_not_at_its_deadline(
+    sandbox_settings, store, snapshot, tmp_path
+):
+    """A long command runs when its replica is killed outright: the client's probes find the replica
+    gone and raise SandboxLost (an outage, for the caller to ride out) instead of waiting two minutes."""
+    log = (tmp_path / "sandbox.log").open("wb")
+    process = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "services.sandbox", env=settings_env(sandbox_settings), stdout=log, stderr=log
+    )
+    bus = await Bus.connect(sandbox_settings, store=store, name="test-client")
+    loop = asyncio.get_running_loop()
+    try:
+        deadline = loop.time() + 60
+        while True:  # until the replica serves
+            assert process.returncode is None, (tmp_path / "sandbox.log").read_text()
+            try:
+                box = await SandboxClient(bus).create(run_id="run-1", task_id="calc-1", snapshot=snapshot)
+                break
+            except BusTimeout:
+                assert loop.time() < deadline, "the sandbox replica never served"
+        call = asyncio.create_task(box.run("sleep 120", timeout_s=120))
+        while not any(p.name() == "sleep" for p in psutil.Process(process.pid).children(recursive=True)):
+            assert loop.time() < deadline and not call.done(), "the command never started"
+            await asyncio.sleep(0.05)
+        process.kill()
+        await process.wait()
+        killed = loop.time()
+        with pytest.raises(SandboxLost, match="stopped answering"):
+            await asyncio.wait_for(call, timeout=60)
+        assert loop.time() - killed <= (PROBE_MISSES + 1) * PROBE_EVERY_S + 1
+        assert issubclass(SandboxLost, Unavailable)
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+        log.close()
+        await bus.close()
