@@ -13,9 +13,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from crucible.bus import Bus, BusError, RemoteError
 from crucible.contracts import subjects
 from crucible.contracts.events import TERMINAL_STATUSES
-from crucible.contracts.messages import DescribeReply, DescribeRequest, EvalRequest, RunCreated, RunFinished
+from crucible.contracts.messages import DescribeReply, DescribeRequest, EvalRequest, RunCreated
 from crucible.contracts.runconfig import RunConfig
 from crucible.db.models import Checkpoint, Evaluation, Run, Step, utcnow
+from crucible.runs import end_run
 from services.api.queries import NotFound
 from services.api.records.events import add_evaluation
 from services.api.schemas import EvalCreate, RunOut
@@ -143,18 +144,16 @@ async def cancel_run(*, session: AsyncSession, bus: Bus | None, run_id: str) -> 
         raise Unavailable("no bus: a run cannot be cancelled")
     step = await session.scalar(select(func.max(Step.step)).where(Step.run_id == run_id))
     version = await session.scalar(select(func.max(Checkpoint.version)).where(Checkpoint.run_id == run_id))
-    end = RunFinished(
-        run_id=run_id, status="cancelled", step=step or 0, version=-1 if version is None else version,
-        finished_at=utcnow().timestamp(), error="cancelled by an operator",
-    )  # fmt: skip
     try:
-        await bus.publish(subjects.run_finished(run_id), end, msg_id=f"{run_id}/finished")
+        ended = await end_run(
+            bus, run_id=run_id, status="cancelled", step=step or 0, version=-1 if version is None else version,
+            error="cancelled by an operator", source="api",
+        )  # fmt: skip
     except Exception as exc:  # nats raises many unrelated types when the server is away
         raise Unavailable(f"run {run_id} not cancelled, the bus is unavailable: {exc!r}") from exc
-    ended = await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished)
-    if ended is not None and ended.status != "cancelled":  # the trainer ended it first
+    if ended.status != "cancelled":  # the trainer (or the rollouts) ended it first
         raise Conflict(f"run {run_id} has already ended ({ended.status})")
-    run.status, run.error, run.finished_at = "cancelled", end.error, utcnow()
+    run.status, run.error, run.finished_at = "cancelled", ended.error, utcnow()
     await session.commit()
     log.info("run cancelled", run_id=run_id)
     return RunOut.model_validate(run)

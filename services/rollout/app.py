@@ -8,12 +8,13 @@ import torch
 from crucible.bus import Delivery
 from crucible.contracts import subjects
 from crucible.contracts.messages import EvalRequest, RunCreated, WeightsAnnounced
+from crucible.runs import run_end
 from crucible.runtime import Runtime
 from services.rollout.admission import budget_spent
 from services.rollout.evaluation import handle_eval_request
 from services.rollout.harness import Episodes, episodes_app
 from services.rollout.settings import Settings
-from services.rollout.worker import RunWorker, run_finished
+from services.rollout.worker import RunWorker
 
 
 async def setup(rt: Runtime[Settings]) -> None:
@@ -34,7 +35,7 @@ async def setup(rt: Runtime[Settings]) -> None:
             if created is None:
                 rt.log.error("weights announced for an unknown run", run_id=announced.run_id)
                 return
-            if await run_finished(bus=rt.bus, run_id=announced.run_id) or await budget_spent(
+            if await run_end(rt.bus, announced.run_id) is not None or await budget_spent(
                 redis=rt.redis, run_id=announced.run_id, config=created.config
             ):
                 return

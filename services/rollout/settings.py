@@ -9,6 +9,9 @@ from crucible.settings import CommonSettings
 class Settings(CommonSettings):
     concurrent_groups: int = Field(default=1, ge=1, le=64)
     """Groups (each of group_size episodes) this replica runs at once per run."""
+    max_failed_groups: int = Field(default=10, ge=1)
+    """Groups of one run that may produce nothing in a row (outages aside) before the run is failed
+    with the reason."""
     tool_timeout_s: float = Field(default=10.0, gt=0)
     """Deadline for one tool call, terminal commands included."""
     torch_threads: int = Field(default=1, ge=1)

@@ -9,13 +9,14 @@ import time
 import uuid
 
 from crucible.agent.episode import run_episode
-from crucible.bus import Bus
 from crucible.clients.checkpoints import load_weights
 from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts import subjects
 from crucible.contracts.events import Event, RolloutReport
-from crucible.contracts.messages import RunFinished, SampleReply, SampleRequest, Trajectory, WeightsAnnounced
+from crucible.contracts.messages import SampleReply, SampleRequest, Trajectory, WeightsAnnounced
 from crucible.contracts.runconfig import RunConfig
+from crucible.outage import Unavailable
+from crucible.runs import end_run, run_end
 from crucible.runtime import Runtime
 from services.rollout.admission import budget_spent, release, try_admit
 from services.rollout.engine import PolicyEngine
@@ -27,10 +28,7 @@ from services.rollout.settings import Settings
 
 GROUP_RETRY_S = 2.0
 SANDBOX_TTL_S = 600.0  # idle time after which a crashed rollout's sandboxes are reaped
-
-
-async def run_finished(*, bus: Bus, run_id: str) -> bool:
-    return await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished) is not None
+ERROR_CHARS = 2000
 
 
 class RunWorker:
@@ -59,6 +57,7 @@ class RunWorker:
         self.sandboxes = SandboxClient(rt.bus)
         self.episodes = 0
         self.tokens = 0
+        self.failed_groups = 0  # in a row, for the run's own reasons (never an outage)
         self.started = time.monotonic()
 
     async def on_announced(self, announced: WeightsAnnounced) -> None:
@@ -113,7 +112,7 @@ class RunWorker:
 
     async def _finished(self) -> bool:
         """The trainer's durable end-of-run marker (Redis only caches it)."""
-        return await run_finished(bus=self.rt.bus, run_id=self.run_id)
+        return await run_end(self.rt.bus, self.run_id) is not None
 
     async def _wait_for_version(self) -> None:
         self.new_version.clear()
@@ -143,24 +142,26 @@ class RunWorker:
             )
             task = reply.tasks[0]
         except Exception as exc:  # nothing was generated: give the slot back and let a later try use it
-            self.rt.log.error("could not sample a task", run_id=self.run_id, group=index, error=repr(exc))
-            await release(redis=self.rt.redis, run_id=self.run_id, index=index)
-            await asyncio.sleep(GROUP_RETRY_S)
+            await self._group_failed(index, "could not sample a task", exc)
             return
         try:
             sessions = await self._group_sandboxes(task)
         except Exception as exc:  # no sandbox for the group: give the slot back and let a later try use it
-            self.rt.log.error("could not prepare sandboxes", run_id=self.run_id, group=index, error=repr(exc))
-            await release(redis=self.rt.redis, run_id=self.run_id, index=index)
-            await asyncio.sleep(GROUP_RETRY_S)
+            await self._group_failed(index, f"could not prepare sandboxes for task {task.task_id}", exc)
             return
         episodes = [
             self._episode(task, group_id, index * 1000 + i, session) for i, session in enumerate(sessions)
         ]
         results = await asyncio.gather(*episodes, return_exceptions=True)
+        failures = [r for r in results if isinstance(r, BaseException)]
+        for failure in failures:
+            self.rt.log.error("episode failed", run_id=self.run_id, group=group_id, error=repr(failure))
+        if len(failures) == len(results):  # nothing to publish: the index was spent on nothing
+            await self._group_failed(index, f"every episode of task {task.task_id} failed", failures[-1])
+            return
+        self.failed_groups = 0
         for result in results:
             if isinstance(result, BaseException):
-                self.rt.log.error("episode failed", run_id=self.run_id, group=group_id, error=repr(result))
                 continue
             try:
                 published = await publish_trajectory(self.rt.bus, result, stop=self.rt.stopping)
@@ -170,6 +171,24 @@ class RunWorker:
             if not published:
                 self.rt.log.warning("stopping; trajectory not published", run_id=self.run_id, trajectory=result.trajectory_id)
         await self._report()
+
+    async def _group_failed(self, index: int, what: str, exc: BaseException) -> None:
+        """A group that produced nothing gives its index back. Unless it failed for an outage, it counts
+        toward `max_failed_groups` in a row, after which the run is failed with the reason: the rollouts
+        cannot run it (its task set is gone, its snapshots do not unpack, its episodes all fail)."""
+        self.rt.log.error(what, run_id=self.run_id, group=index, error=repr(exc))
+        await release(redis=self.rt.redis, run_id=self.run_id, index=index)
+        if not isinstance(exc, Unavailable):
+            self.failed_groups += 1
+            if self.failed_groups >= self.settings.max_failed_groups:
+                reason = f"the rollouts failed {self.failed_groups} groups in a row; the last: {what}: {exc}"
+                ended = await end_run(
+                    self.rt.bus, run_id=self.run_id, status="failed", step=0, version=self.engine.version,
+                    error=reason[:ERROR_CHARS], source=self.settings.replica,
+                )  # fmt: skip
+                self.rt.log.error("run failed by the rollouts", run_id=self.run_id, status=ended.status, error=reason)
+                return
+        await asyncio.sleep(GROUP_RETRY_S)
 
     async def _group_sandboxes(self, task) -> list[SandboxSession]:
         """One sandbox prepared from the task snapshot, forked into the group's G copies."""

@@ -30,7 +30,6 @@ from crucible.contracts.messages import (
     EvalRequest,
     GradedTrajectory,
     RunCreated,
-    RunFinished,
     scheduled_eval_id,
 )
 from crucible.contracts.packing import unpack
@@ -40,6 +39,7 @@ from crucible.model.sources import initial_model, load_tokenizer
 from crucible.objectstore import ObjectNotFound
 from crucible.rl.advantages import group_advantages, is_uniform
 from crucible.rl.staleness import staleness
+from crucible.runs import end_run, run_end
 from crucible.runtime import Runtime
 from services.trainer.batch import collate
 from services.trainer.metrics import SKIPPED_STEPS, STEP_SECONDS, STEPS, TRAJECTORIES, VERSION
@@ -270,8 +270,8 @@ class RunJob:
         """Train the run to its end; `run_delivery` (its RunCreated message) is held until then."""
         consumer: asyncio.Task | None = None
         try:
-            if await self._cancelled():  # before a trainer took it up
-                await self._end_cancelled(run_delivery)
+            if await self._ended_elsewhere():  # before a trainer took it up
+                await self._stop_ended(run_delivery)
                 return
             try:
                 await self._resume()
@@ -297,8 +297,8 @@ class RunJob:
             consumer = self.rt.spawn(self._consume(), name=f"graded-{self.run_id}")
             self.last_arrival = time.monotonic()
             while self.step < self.config.schedule.max_steps and not self.rt.stopping.is_set():
-                if await self._cancelled():
-                    await self._end_cancelled(run_delivery)
+                if await self._ended_elsewhere():
+                    await self._stop_ended(run_delivery)
                     return
                 if self.config.optim.drop_uniform_groups:
                     await self._drop_uniform_groups()
@@ -393,14 +393,16 @@ class RunJob:
         await run_delivery.ack()
         await self._delete_consumer()
 
-    async def _cancelled(self) -> bool:
-        """Whether an operator ended the run (the api publishes its durable end as `cancelled`)."""
-        ended = await self.rt.bus.latest(subjects.RUNS, subjects.run_finished(self.run_id), RunFinished)
-        return ended is not None and ended.status == "cancelled"
+    async def _ended_elsewhere(self) -> bool:
+        """Whether another service ended the run: an operator cancelled it (through the api), or the
+        rollouts failed it because they cannot run it."""
+        return await run_end(self.rt.bus, self.run_id) is not None
 
-    async def _end_cancelled(self, run_delivery: Delivery) -> None:
+    async def _stop_ended(self, run_delivery: Delivery) -> None:
         """Stop at once: what was trained and published stays; what waits to be trained is acknowledged."""
-        self.rt.log.info("run cancelled", run_id=self.run_id, step=self.step, version=self.version)
+        end = await run_end(self.rt.bus, self.run_id)
+        self.rt.log.info("run ended elsewhere", run_id=self.run_id, status=end and end.status,
+                         error=end and end.error, step=self.step, version=self.version)  # fmt: skip
         self.stop_consuming.set()
         await self._release_groups()
         await run_delivery.ack()
@@ -430,13 +432,11 @@ class RunJob:
 
     async def _announce_end(self, status: str, error: str = "") -> None:
         """The durable end of the run (rollouts stop admitting work), its Redis cache and its status event."""
-        finished = RunFinished(
-            run_id=self.run_id, status=status, step=self.step, version=self.version, finished_at=time.time(),
-            error=error,
-        )
-        await self.rt.bus.publish(subjects.run_finished(self.run_id), finished, msg_id=f"{self.run_id}/finished")
+        await end_run(
+            self.rt.bus, run_id=self.run_id, status=status, step=self.step, version=self.version, error=error,
+            source=self.settings.replica,
+        )  # fmt: skip
         await self.rt.redis.set(finished_key(self.run_id), "1", ex=7 * 86400)
-        await self._event(RunStatus(status=status, error=error or None))
         self.stop_consuming.set()
 
     async def _hand_back(self, run_delivery: Delivery) -> None:
