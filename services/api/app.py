@@ -19,6 +19,7 @@ from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import check_schema
 from crucible.runtime import Runtime
 from services.api import dashboard
+from services.api.cleanup import run_cleanup
 from services.api.commands import CatalogCheck, Conflict, Unavailable, Unservable
 from services.api.ingest import run_ingest
 from services.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
@@ -152,6 +153,14 @@ async def setup(rt: Runtime[Settings]) -> None:
             ),  # fmt: skip
         ),
         name="ingest",
+    )
+    rt.spawn(
+        run_cleanup(
+            bus=rt.bus, store=rt.store, sessionmaker=sessionmaker, stop=rt.stopping,
+            after_s=settings.release_objects_after_s, every_s=settings.cleanup_every_s,
+            graded_durable=settings.graded_durable,
+        ),  # fmt: skip
+        name="cleanup",
     )
     app = create_app(settings=settings, sessionmaker=sessionmaker, bus=rt.bus)
     port = await rt.serve_http(app, host=settings.api_host, port=settings.api_port, name="rest")

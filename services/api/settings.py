@@ -24,6 +24,11 @@ class Settings(CommonSettings):
     """Durable consumer on GRADED; api replicas of one deployment share it."""
     events_durable: str = Field(default=subjects.API_EVENTS_DURABLE, pattern=r"^[A-Za-z0-9_-]+$")
     """Durable consumer on EVENTS; api replicas of one deployment share it."""
+    release_objects_after_s: float = Field(default=3600.0, ge=0)
+    """How long after a run ends its trajectory objects stay in the object store (they go once the run
+    is also settled: everything graded and ingested)."""
+    cleanup_every_s: float = Field(default=300.0, gt=0)
+    """How often ended runs are looked at for that."""
     tracking_dir: Path = Path(".crucible/tracking")
     """Where the trackers a run asks for (`trackers` in its config) write: TensorBoard event files, the
     default MLflow store (SQLite), Weights & Biases offline runs."""

@@ -192,8 +192,10 @@ async def test_every_service_killed_and_every_server_restarted_mid_run_loses_not
             assert run["status"] == "finished", run
 
             async def settled() -> bool:  # spare groups graded, and all of it ingested
-                rollouts = await chaos.js.stream_info(subjects.ROLLOUTS, subjects_filter=subjects.rollouts(run_id))
-                return rollouts.state.messages == 0 and await chaos.ingested() == await chaos.graded()
+                subject = subjects.rollouts(run_id)
+                rollouts = await chaos.js.stream_info(subjects.ROLLOUTS, subjects_filter=subject)
+                waiting = (rollouts.state.subjects or {}).get(subject, 0)
+                return waiting == 0 and await chaos.ingested() == await chaos.graded()
 
             await chaos.until("every trajectory graded and ingested", settled, every_s=1.0)
             trajectories = await pages(http, f"/v1/runs/{run_id}/trajectories")

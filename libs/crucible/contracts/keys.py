@@ -44,9 +44,14 @@ def trainer_state_key(run_id: str, slot: int) -> str:
     return f"runs/{run_id}/trainer/state-{slot}.pt"
 
 
+def run_trajectories_prefix(run_id: str) -> str:
+    """Every trajectory object of a run (released by the api once the run is over and settled)."""
+    return f"runs/{run_id}/trajectories/"
+
+
 def trajectory_claim_prefix(run_id: str, trajectory_id: str) -> str:
     """Where a rollout parks a trajectory too big for the bus."""
-    return f"runs/{run_id}/trajectories/{trajectory_id}"
+    return f"{run_trajectories_prefix(run_id)}{trajectory_id}"
 
 
 def graded_claim_prefix(run_id: str, trajectory_id: str) -> str:

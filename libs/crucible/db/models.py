@@ -90,6 +90,8 @@ class Run(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     finished_at: Mapped[datetime | None]
+    objects_released_at: Mapped[datetime | None]
+    """When the run's trajectory objects were deleted from the object store (services.api.cleanup)."""
 
 
 class Step(Base):
