@@ -21,6 +21,7 @@ from crucible.clients.sandbox import SandboxClient
 from crucible.contracts import subjects
 from crucible.contracts.events import EvalReport, Event
 from crucible.contracts.messages import EvalRequest, ListRequest, RunCreated, SampleReply, TaskSpec
+from crucible.outage import Unavailable
 from crucible.runtime import Runtime
 from services.rollout.engine import PolicyEngine
 from services.rollout.publish import publish_trajectory
@@ -51,6 +52,8 @@ async def run_evaluation(rt: Runtime[Settings], request: EvalRequest) -> None:
         manifest, state = await load_weights(
             bus=rt.bus, store=rt.store, run_id=request.run_id, version=request.version
         )
+    except Unavailable:
+        raise  # an outage: the bus holds the request until the checkpoints service and S3 answer
     except Exception as exc:
         raise EvaluationError(f"cannot load version {request.version} of {request.run_id}: {exc}") from exc
     engine = PolicyEngine(
@@ -74,6 +77,8 @@ async def _evaluate(rt: Runtime[Settings], engine: PolicyEngine, created: RunCre
             SampleReply,
             timeout=30,
         )
+    except Unavailable:
+        raise  # an outage: the bus holds the request until the catalog answers
     except Exception as exc:
         raise EvaluationError(f"no tasks: {exc}") from exc
     tasks = listed.tasks

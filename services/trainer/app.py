@@ -11,6 +11,7 @@ import torch
 from crucible.bus import Delivery
 from crucible.contracts import subjects
 from crucible.contracts.messages import RunCreated
+from crucible.outage import ride_out
 from crucible.runtime import Runtime
 from services.trainer.job import RunJob
 from services.trainer.metrics import RUNS
@@ -45,9 +46,14 @@ async def setup(rt: Runtime[Settings]) -> None:
     async def train(created: RunCreated, delivery: Delivery) -> None:
         rt.log.info("training run", run_id=created.run_id, attempt=delivery.attempt)
         RUNS.inc()
-        try:
-            await RunJob(rt=rt, created=created).run(delivery)
-        except Exception as exc:  # this run's trouble (the bus or the store away): it is tried again later
+        try:  # an outage starts the run's job again after a backoff, without handing the run back
+            done, _ = await ride_out(
+                lambda: RunJob(rt=rt, created=created).run(delivery), stop=rt.stopping, what="train run"
+            )
+            if not done:  # stopping while a dependency was away: another trainer (or this one) resumes it
+                delivery.stop_keep_alive()
+                await delivery.msg.nak()
+        except Exception as exc:  # not an outage (a bug, a refusal): the run is handed back with a backoff
             rt.log.error("training run failed; handing it back", run_id=created.run_id, error=repr(exc))
             delivery.stop_keep_alive()
             try:

@@ -37,6 +37,7 @@ from crucible.contracts.trajectories import check_trajectory
 from crucible.model import Transformer
 from crucible.model.sources import initial_model, load_tokenizer
 from crucible.objectstore import ObjectNotFound
+from crucible.outage import Unavailable
 from crucible.rl.advantages import group_advantages, is_uniform
 from crucible.rl.staleness import staleness
 from crucible.runs import end_run, run_end
@@ -114,6 +115,8 @@ class RunJob:
                 found.append(((int(state["step"]), int(state["version"])), slot, state))
             except ObjectNotFound:
                 continue
+            except Unavailable:  # S3 away: the newest state may be in this slot; resume once it answers
+                raise
             except Exception as exc:  # a torn or foreign object: the other slot holds the state before it
                 unreadable.append(slot)
                 self.rt.log.warning("trainer state unreadable", run_id=self.run_id, slot=slot, error=repr(exc))
@@ -138,6 +141,8 @@ class RunJob:
             try:
                 _, state = await load_weights(bus=self.rt.bus, store=self.rt.store, run_id=run_id, version=int(version))
                 self.model.load_state_dict(state, strict=True)
+            except Unavailable:
+                raise  # an outage, not a bad init: the run starts once the checkpoints service answers
             except Exception as exc:
                 raise RunStartError(f"model.init {init}: cannot start from it: {exc}") from exc
             self.rt.log.info("starting from another run's weights", run_id=self.run_id, init=init)
@@ -325,10 +330,25 @@ class RunJob:
                 await self._hand_back(run_delivery)
                 return
             await self._finish(run_delivery)
+        except BaseException:
+            await self._let_go()
+            raise
         finally:
             self.stop_consuming.set()
             if consumer is not None:
                 await asyncio.gather(consumer, return_exceptions=True)
+
+    async def _let_go(self) -> None:
+        """This job failed: hand back the graded trajectories it holds, so the next job (this trainer's,
+        after a backoff, or another's) gets them again instead of their keep-alives holding them."""
+        held = [d for group in self.groups.values() for _, d in group.members.values()] + self.in_step
+        self.groups.clear()
+        self.in_step = []
+        for delivery in held:
+            try:
+                await delivery.nak()
+            except Exception as exc:  # the bus is away: with its keep-alive stopped, it returns after ack_wait
+                self.rt.log.debug("could not hand back a held trajectory", error=repr(exc))
 
     async def _drop_uniform_groups(self) -> None:
         """DAPO's dynamic sampling: a complete group whose rewards are all equal carries no signal; it is

@@ -1,5 +1,5 @@
-"""Chaos on a live stack: each of the seven services killed with SIGKILL while it holds work, nats-server
-and the S3 server stopped and started again, and Redis flushed, all during one run. Each fault waits
+"""Chaos on a live stack: each of the seven services killed with SIGKILL while it holds work, nats-server,
+the S3 server and Redis stopped and started again, and Redis flushed, all during one run. Each fault waits
 for an observed condition (a consumer's unacknowledged message, a group in flight, a live sandbox
 session), each recovery is timed to the next sign of progress, and at the end the run has finished
 with every trajectory graded once and trained at most once, and nothing dead-lettered.
@@ -48,7 +48,7 @@ class Chaos:
     async def until(self, what: str, condition: Callable[[], Awaitable[bool]], *, every_s: float = 0.2) -> None:
         deadline = time.monotonic() + FAULT_TIMEOUT_S
         while not await condition():
-            dead = [d for d in self.stack.poll() if d[0] not in ("nats", "seaweedfs")]
+            dead = self.stack.poll()
             assert not dead, f"exited while waiting for {what}: {dead}"
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             await asyncio.sleep(every_s)
@@ -175,6 +175,7 @@ async def test_every_service_killed_and_every_server_restarted_mid_run_loses_not
 
             await chaos.outage("nats", lambda: not_ready(http, stack, "grader"))
             await chaos.outage("seaweedfs", lambda: not_ready(http, stack, "grader"))
+            await chaos.outage("redis", lambda: not_ready(http, stack, "rollout"))
             before = await chaos.graded()
             redis = aioredis.from_url(stack.settings_env["CRUCIBLE_REDIS_URL"])
             try:

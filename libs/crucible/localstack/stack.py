@@ -203,7 +203,7 @@ class LocalStack:
         return self.service(name).signal(sig)
 
     def stop_server(self, name: str) -> None:
-        """Stop an embedded server ("nats" or "seaweedfs"): an outage, until `start_server`."""
+        """Stop an embedded server ("nats", "redis" or "seaweedfs"): an outage, until `start_server`."""
         self._server(name).stop()
         self._dead_servers.add(name)
 
@@ -213,6 +213,8 @@ class LocalStack:
         assert self.state_dir is not None
         if name == "nats":
             new = start_nats(state_dir=self.state_dir, port=old.port)
+        elif name == "redis":
+            new = start_redis(state_dir=self.state_dir, port=old.port)
         else:
             new = start_seaweedfs(
                 state_dir=self.state_dir, access_key=self._s3["access_key"], secret_key=self._s3["secret_key"],
@@ -222,7 +224,7 @@ class LocalStack:
         self._dead_servers.discard(name)
 
     def _server(self, name: str) -> Server:
-        if name not in ("nats", "seaweedfs") or name not in self.servers:
+        if name not in ("nats", "redis", "seaweedfs") or name not in self.servers:
             raise ValueError(f"no embedded {name!r} server to stop or start (embedded: {', '.join(self.servers)})")
         return self.servers[name]
 

@@ -18,6 +18,8 @@ from crucible.contracts.messages import GradedTrajectory, Reward, RunCreated, Ru
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
 from crucible.localstack.servers import start_nats
+from crucible.objectstore import ObjectStore
+from crucible.outage import Unavailable
 from crucible.runtime import running
 from services.checkpoints.app import setup as checkpoints_setup
 from services.checkpoints.settings import Settings as CheckpointsSettings
@@ -180,6 +182,13 @@ async def test_a_step_with_a_non_finite_reward_is_skipped_and_too_many_fail_the_
         job = RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0))
         await job._resume()
         assert (job.step, job.version) == (0, 0)  # the state before it
+        kept = rt.store  # an S3 outage is not a torn state: never the older slot, since the newest may be there
+        rt.store = ObjectStore.from_settings(rt.settings.model_copy(update={"s3_endpoint": "127.0.0.1:9"}))
+        try:
+            with pytest.raises(Unavailable):
+                await RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0))._resume()
+        finally:
+            rt.store = kept
         await store.put_bytes(trainer_state_key(recovers, 0), b"torn too")
         with pytest.raises(RunFailed, match="reads whole"):
             await RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0))._resume()
