@@ -349,11 +349,12 @@ class Bus:
             await self.dead_letter(msg, stream=stream, consumer=durable, reason=reason)
             return
 
-        ours: list[asyncio.Task | None] = [None]
+        our_beat: asyncio.Task | None = None
 
         def hold() -> None:  # the work found a dependency away: keep the message while it waits
+            nonlocal our_beat
             delivery.held = False
-            ours[0] = delivery.keep_alive(every_s=HOLD_BEAT_S)._beat
+            our_beat = delivery.keep_alive(every_s=HOLD_BEAT_S)._beat
 
         async def work() -> None:
             message = await self._unpack(msg.data, dict(msg.headers or {}), type_)
@@ -384,7 +385,7 @@ class Bus:
             return
         if not delivery.held:
             await self._settle(msg.ack())
-        elif delivery._beat is not None and delivery._beat is ours[0]:
+        elif delivery._beat is not None and delivery._beat is our_beat:
             delivery.stop_keep_alive()  # held by the handler now: its owner keeps it alive, or not
 
     async def _settle(self, reply: Awaitable[None]) -> None:

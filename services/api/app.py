@@ -20,7 +20,7 @@ from crucible.db.migrate import check_schema
 from crucible.runtime import Runtime
 from services.api import dashboard
 from services.api.cleanup import run_cleanup
-from services.api.commands import CatalogCheck, Conflict, Unavailable, Unservable
+from services.api.commands import ConfigCheck, Conflict, Unavailable, Unservable
 from services.api.ingest import run_ingest
 from services.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from services.api.pagination import InvalidCursor
@@ -92,7 +92,7 @@ def create_app(
     app.state.settings = settings
     app.state.sessionmaker = sessionmaker
     app.state.bus = bus
-    app.state.catalog_check = CatalogCheck()
+    app.state.config_check = ConfigCheck()
     app.add_exception_handler(NotFound, _error(404))
     app.add_exception_handler(InvalidCursor, _error(400))
     app.add_exception_handler(Unavailable, _error(503))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import TypeVar
 
 import nats.errors
 import structlog
@@ -13,8 +14,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from crucible.bus import Bus, BusError, RemoteError
 from crucible.contracts import subjects
 from crucible.contracts.events import TERMINAL_STATUSES
-from crucible.contracts.messages import DescribeReply, DescribeRequest, EvalRequest, RunCreated
+from crucible.contracts.messages import DescribeReply, DescribeRequest, EvalRequest, Message, RunCreated
 from crucible.contracts.runconfig import RunConfig
+from crucible.contracts.sandbox import LimitsReply, LimitsRequest
 from crucible.db.models import Checkpoint, Evaluation, Run, Step, utcnow
 from crucible.runs import end_run
 from services.api.queries import NotFound
@@ -22,6 +24,7 @@ from services.api.records.events import add_evaluation
 from services.api.schemas import EvalCreate, RunOut
 
 log = structlog.get_logger("crucible.api")
+R = TypeVar("R", bound=Message)
 
 
 class Unavailable(RuntimeError):
@@ -40,35 +43,44 @@ class Unservable(ValueError):
         self.loc, self.msg = loc, msg
 
 
-class CatalogCheck:
-    """Asks the catalog whether it holds what a run config trains and evaluates on: train tasks of a
-    difficulty in `tasks.difficulties` (the rollouts sample among all the listed ones), and tasks of the
-    evaluation's split when the run evaluates.
+class ConfigCheck:
+    """Asks the services whether they can serve a run config: the catalog for train tasks of a
+    difficulty in `tasks.difficulties` (the rollouts sample among all the listed ones) and, when the
+    run evaluates, tasks of the evaluation's split; a sandbox replica for forks of `group_size` copies.
 
-    A catalog that does not answer (a stack still starting, one without a catalog, a bus that is down)
-    checks nothing, and is not asked again for `quiet_s`, so that run creation does not wait on it each
-    time: the rollouts then fail such a run with the catalog's own reason."""
+    A service that does not answer (a stack still starting, one without it, a bus that is down) checks
+    nothing, and is not asked again for `quiet_s`, so that run creation does not wait on it each time:
+    the rollouts then fail a run they cannot serve, with the service's own reason."""
 
     def __init__(self, *, timeout_s: float = 5.0, quiet_s: float = 30.0) -> None:
         self.timeout_s, self.quiet_s = timeout_s, quiet_s
-        self.silent_until = 0.0
+        self.silent_until = {"catalog": 0.0, "sandbox": 0.0}
 
     async def __call__(self, bus: Bus, config: RunConfig) -> None:
-        if time.monotonic() < self.silent_until:
-            return
         needs = [(("tasks",), config.tasks.taskset, "train", config.tasks.difficulties)]
         if config.eval.every_versions or config.eval.at_end:
             needs.append((("eval",), config.eval.taskset or config.tasks.taskset, config.eval.split, None))
         for section, taskset, split, difficulties in needs:
-            try:
-                reply = await bus.request(
-                    subjects.CATALOG_DESCRIBE, DescribeRequest(taskset=taskset), DescribeReply, timeout=self.timeout_s
-                )
-            except (BusError, RemoteError, nats.errors.Error) as exc:
-                self.silent_until = time.monotonic() + self.quiet_s
-                log.warning("the catalog did not answer; run configs go unchecked for a while", error=str(exc))
-                return
-            _check_reply(section, taskset, split, difficulties, reply.difficulties)
+            reply = await self._ask(bus, "catalog", subjects.CATALOG_DESCRIBE, DescribeRequest(taskset=taskset), DescribeReply)
+            if reply is not None:
+                _check_reply(section, taskset, split, difficulties, reply.difficulties)
+        limits = await self._ask(bus, "sandbox", subjects.SANDBOX_LIMITS, LimitsRequest(), LimitsReply)
+        if limits is not None and config.schedule.group_size > limits.max_fork:
+            raise Unservable(
+                ("body", "config", "schedule", "group_size"),
+                f"a sandbox replica forks at most {limits.max_fork} copies of a workspace, one per episode of a group",
+            )
+
+    async def _ask(self, bus: Bus, service: str, subject: str, request: Message, reply_type: type[R]) -> R | None:
+        if time.monotonic() < self.silent_until[service]:
+            return None
+        try:
+            return await bus.request(subject, request, reply_type, timeout=self.timeout_s)
+        except (BusError, RemoteError, nats.errors.Error) as exc:
+            self.silent_until[service] = time.monotonic() + self.quiet_s
+            log.warning("a service did not answer; run configs go unchecked by it for a while",
+                        service=service, error=str(exc))  # fmt: skip
+            return None
 
 
 def _check_reply(
@@ -95,11 +107,11 @@ def new_run_id() -> str:
 
 
 async def create_run(
-    *, session: AsyncSession, bus: Bus | None, name: str, config: RunConfig, check: CatalogCheck | None = None
+    *, session: AsyncSession, bus: Bus | None, name: str, config: RunConfig, check: ConfigCheck | None = None
 ) -> RunOut:
     """Record the run, then announce it on `runs.<run_id>.created` (de-duplicated by run id).
 
-    A config the catalog cannot serve is refused first (`Unservable`). The row is committed before the
+    A config the catalog or the sandbox cannot serve is refused first (`Unservable`). The row is committed before the
     announcement, so every event about the run finds it. If the announcement fails the run is marked
     failed with the reason, and the caller gets `Unavailable`.
     """

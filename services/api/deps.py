@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.bus import Bus
 from crucible.contracts.inputs import PRINTABLE
-from services.api.commands import CatalogCheck
+from services.api.commands import ConfigCheck
 
 
 async def _session(request: Request) -> AsyncIterator[AsyncSession]:
@@ -22,13 +22,13 @@ def _bus(request: Request) -> Bus | None:
     return request.app.state.bus
 
 
-def _catalog_check(request: Request) -> CatalogCheck:
-    return request.app.state.catalog_check
+def _config_check(request: Request) -> ConfigCheck:
+    return request.app.state.config_check
 
 
 SessionDep = Annotated[AsyncSession, Depends(_session)]
 BusDep = Annotated[Bus | None, Depends(_bus)]
-CatalogCheckDep = Annotated[CatalogCheck, Depends(_catalog_check)]
+ConfigCheckDep = Annotated[ConfigCheck, Depends(_config_check)]
 LimitQuery = Annotated[int, Query(ge=1, le=500, description="Items per page.")]
 CursorQuery = Annotated[
     str | None,

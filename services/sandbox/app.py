@@ -9,7 +9,7 @@ from __future__ import annotations
 import nats.errors
 
 from crucible.contracts import subjects
-from crucible.contracts.sandbox import CreateRequest
+from crucible.contracts.sandbox import CreateRequest, LimitsRequest
 from crucible.runtime import Runtime
 from services.sandbox.handlers import Handlers
 from services.sandbox.leases import Leases
@@ -26,7 +26,10 @@ async def setup(rt: Runtime[Settings]) -> None:
     await manager.start()
     SESSIONS.set_function(lambda: len(manager.sessions))
     handlers = Handlers(manager=manager)
-    subscriptions = [await rt.bus.serve(subjects.SANDBOX_CREATE, handlers.create, CreateRequest, queue=subjects.SANDBOX_QUEUE)]
+    subscriptions = [
+        await rt.bus.serve(subjects.SANDBOX_CREATE, handlers.create, CreateRequest, queue=subjects.SANDBOX_QUEUE),
+        await rt.bus.serve(subjects.SANDBOX_LIMITS, handlers.limits, LimitsRequest, queue=subjects.SANDBOX_QUEUE),
+    ]
     for verb, (handler, request_type) in handlers.routes().items():
         subject = subjects.sandbox_call(settings.replica, verb)
         subscriptions.append(await rt.bus.serve(subject, handler, request_type))

@@ -20,6 +20,8 @@ from crucible.contracts.sandbox import (
     DiffRequest,
     ForkReply,
     ForkRequest,
+    LimitsReply,
+    LimitsRequest,
     OverlayRequest,
     RunRequest,
     ToolReply,
@@ -109,6 +111,9 @@ class Handlers:
             raise RequestError("bad_request", f"ttl_s must be positive, got {req.ttl_s}")
         children = await parent.exclusive(lambda: self.manager.fork(parent, count=req.count, ttl_s=req.ttl_s))
         return ForkReply(session_ids=[c.id for c in children], replica=self.settings.replica)
+
+    async def limits(self, req: LimitsRequest) -> LimitsReply:
+        return LimitsReply(max_fork=self.settings.max_fork, max_sessions=self.settings.max_sessions)
 
     async def alive(self, req: AliveRequest) -> AliveReply:
         return AliveReply(alive=req.session_id in self.manager.sessions)

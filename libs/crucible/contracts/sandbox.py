@@ -123,3 +123,13 @@ class AliveRequest(Message, tag="sandbox.alive.v1"):
 
 class AliveReply(Message, tag="sandbox.alive_reply.v1"):
     alive: bool
+
+
+class LimitsRequest(Message, tag="sandbox.limits.v1"):
+    """What a sandbox replica can serve (the api checks a run config against it)."""
+
+
+class LimitsReply(Message, tag="sandbox.limits_reply.v1"):
+    max_fork: int
+    """Copies one fork may make: a run's group_size at most."""
+    max_sessions: int

@@ -16,6 +16,7 @@ CATALOG_GET = "catalog.get"
 CATALOG_LIST = "catalog.list"
 CATALOG_DESCRIBE = "catalog.describe"
 SANDBOX_CREATE = "sandbox.create"
+SANDBOX_LIMITS = "sandbox.limits"
 # Once created, a session lives on one replica: calls go to sandbox.<replica>.<verb>.
 SANDBOX_CALL = "sandbox.{replica}.{verb}"
 CHECKPOINTS_COMMIT = "checkpoints.commit"

@@ -8,7 +8,7 @@ from pydantic import Field
 from crucible.contracts.inputs import PRINTABLE
 from services.api import queries
 from services.api.commands import cancel_run, create_run
-from services.api.deps import BusDep, CatalogCheckDep, CursorQuery, IdPath, LimitQuery, SessionDep
+from services.api.deps import BusDep, ConfigCheckDep, CursorQuery, IdPath, LimitQuery, SessionDep
 from services.api.schemas import CheckpointOut, MetricsOut, Page, RunCreate, RunOut, StepOut
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
@@ -16,7 +16,7 @@ NOT_FOUND = {404: {"description": "No run with this id."}}
 
 
 @router.post("", status_code=201, responses={503: {"description": "The bus is unavailable."}})
-async def post_run(body: RunCreate, session: SessionDep, bus: BusDep, check: CatalogCheckDep) -> RunOut:
+async def post_run(body: RunCreate, session: SessionDep, bus: BusDep, check: ConfigCheckDep) -> RunOut:
     """Create a run and announce it to the trainer; a config the catalog cannot serve is a 422."""
     return await create_run(session=session, bus=bus, name=body.name, config=body.config, check=check)
 

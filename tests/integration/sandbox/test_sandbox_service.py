@@ -13,7 +13,9 @@ from sandbox_archives_integration import tar_gz
 from crucible.bus import Bus, BusTimeout, RemoteError
 from crucible.clients.sandbox import PROBE_EVERY_S, PROBE_MISSES, SandboxClient, SandboxLost, SandboxSession
 from crucible.contracts.messages import ObjectRef
+from crucible.contracts.runconfig import RunConfig
 from crucible.outage import Unavailable
+from services.api.commands import ConfigCheck, Unservable
 
 pytestmark = pytest.mark.integration
 
@@ -178,3 +180,16 @@ async def test_a_call_on_a_replica_that_dies_fails_within_seconds_not_at_its_dea
             await process.wait()
         log.close()
         await bus.close()
+
+
+@pytest.mark.parametrize("sandbox_settings", [{"max_fork": 2}], indirect=True)
+async def test_the_api_refuses_a_run_whose_groups_are_wider_than_a_sandbox_forks(bus, service):
+    """The run config check asks a sandbox replica its limits: a group of 3 with forks of at most 2 is
+    refused at creation, naming the field and the limit; a group of 2 passes."""
+    check = ConfigCheck()
+    wide = RunConfig.model_validate({"schedule": {"group_size": 3}})
+    with pytest.raises(Unservable) as refused:
+        await check(bus, wide)
+    assert refused.value.loc == ("body", "config", "schedule", "group_size")
+    assert "forks at most 2 copies" in refused.value.msg
+    await check(bus, RunConfig.model_validate({"schedule": {"group_size": 2}}))
