@@ -3,9 +3,15 @@
 The per-test outcomes come from the sandbox's `run_tests` tool, which reads them from pytest itself,
 never from the console the code under test can print into.
 
-A trajectory that cheats or whose code fails scores 0 (see `reward`). A failure of Crucible's own
-infrastructure (catalog or sandbox unreachable or refusing, a bus timeout, a task whose hidden tests do
-not unpack) raises instead, so the message is redelivered and graded later rather than scored 0.
+A trajectory that cheats or whose code fails scores 0 (see `reward`): one whose diff touches the tests
+or pytest's configuration (`anticheat`), or adds to the code under test what reaches past the
+behaviour graded (`tamper`: pytest's internals, frames, the garbage collector, exit hooks, patched
+modules, run-time names), with the reason in the note; `crucible_grader_tampered_total` counts the
+latter by run and rule.
+
+A failure of Crucible's own infrastructure (catalog or sandbox unreachable or refusing, a bus timeout,
+a task whose hidden tests do not unpack) raises instead, so the message is held or redelivered and
+graded later rather than scored 0.
 """
 
 from __future__ import annotations
@@ -19,13 +25,17 @@ from crucible.contracts import subjects
 from crucible.contracts.messages import Reward, RunCreated, TaskReply, TaskRequest, TaskSecret, Trajectory
 from crucible.contracts.packing import unpack
 from crucible.contracts.runconfig import RunConfig
-from services.grader.anticheat import BadDiff, protected_paths
+from services.grader.anticheat import BadDiff, protected_paths, touched_paths
+from services.grader.metrics import TAMPERED
 from services.grader.quality import change_measures, lint_findings, lint_paths
 from services.grader.reward import compute_reward, zero_reward
 from services.grader.settings import Settings
+from services.grader.tamper import Finding, added_findings
 
 log = structlog.get_logger("crucible.grader")
 NOTE_CHARS = 500
+SOURCE_CAP_BYTES = 1024 * 1024
+TOO_LARGE = "\0too large"  # read_source's answer for a file it could not read whole
 
 
 class GradingInfraError(RuntimeError):
@@ -88,16 +98,52 @@ async def grade(*, bus: Bus, trajectory: Trajectory, config: RunConfig, settings
             log.warning("could not destroy grading sandbox", session=session.session_id, error=str(exc))
 
 
+def scanned_paths(diff: str) -> list[str]:
+    """The Python files a diff changes that the tests import (test modules it adds are never run)."""
+    return [path for path in touched_paths(diff) if path.endswith(".py") and not pytest_report.is_test_path(path)]
+
+
+async def read_source(session: SandboxSession, path: str) -> str | None:
+    """A workspace file's text (None if there is none), read by `cat`: no Python of the workspace runs.
+    A file over SOURCE_CAP_BYTES reads as TOO_LARGE."""
+    result = await session.run(["cat", "--", path], timeout_s=30, output_cap=SOURCE_CAP_BYTES)
+    if not result.ok or result.exit_code != 0:
+        return None
+    return TOO_LARGE if result.truncated else result.output
+
+
+async def tamper_findings(session: SandboxSession, before: dict[str, str | None]) -> list[tuple[str, Finding]]:
+    """What the applied change added to each scanned file, by `services.grader.tamper`'s rules."""
+    found = []
+    for path, source in before.items():
+        after = await read_source(session, path)
+        if after is TOO_LARGE:
+            found.append((path, Finding("unparsable", 0, f"over {SOURCE_CAP_BYTES} bytes, too large to scan")))
+        elif after is not None:
+            found += [(path, finding) for finding in added_findings(None if source is TOO_LARGE else source, after)]
+    return found
+
+
 async def run_hidden_tests(
     *, session: SandboxSession, trajectory: Trajectory, secret: TaskSecret, config: RunConfig, settings: Settings
 ) -> Reward:
     measure = bool(trajectory.eval_id)  # quality measures: for evaluations only
     lint_before, lint_after = lint_paths(trajectory.final_diff) if measure else ([], [])
     findings_before = await lint_findings(session, lint_before) if measure else None
+    scanned = scanned_paths(trajectory.final_diff) if settings.tamper_scan else []
+    sources_before = {path: await read_source(session, path) for path in scanned}
     applied = await session.apply_patch(trajectory.final_diff)
     if not applied.ok:
         return zero_reward(
             note=f"diff does not apply: {applied.error or ''} {applied.output}".strip()[:NOTE_CHARS]
+        )
+    tampered = await tamper_findings(session, sources_before)
+    if tampered:
+        path, finding = tampered[0]
+        TAMPERED.labels(run_id=trajectory.run_id, rule=finding.rule).inc()
+        more = f" and {len(tampered) - 1} more" if len(tampered) > 1 else ""
+        return zero_reward(
+            note=f"tamper scan: {finding.rule} at {path}:{finding.line} ({finding.detail}){more}"[:NOTE_CHARS]
         )
     findings_after = await lint_findings(session, lint_after) if measure else None
     overlay = await session.overlay(secret.hidden_tests)

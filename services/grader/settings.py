@@ -19,6 +19,9 @@ class Settings(CommonSettings):
     test_timeout_s: float = Field(default=300.0, gt=0)
     """Wall-clock limit of the hidden test run; a run past it scores 0."""
     sandbox_ttl_s: float = Field(default=900.0, gt=0)
+    tamper_scan: bool = True
+    """Score 0 a change that adds what reaches past the code under test (services.grader.tamper); off
+    only to measure what the scan stops."""
     catalog_timeout_s: float = Field(default=10.0, gt=0)
     sandbox_timeout_s: float = Field(default=120.0, gt=0)
     """Deadline of one sandbox call other than the test run (create, apply, overlay)."""

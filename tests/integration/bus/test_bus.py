@@ -320,6 +320,45 @@ class FlakyProxy:
         await self.server.wait_closed()
 
 
+async def held_through_an_outage(bus: Bus, consumer: Bus, run: str, handler, heal) -> None:  # noqa: ANN001
+    """Consume the run's EVENTS with `consumer` and max_deliver=1 until its work has found a dependency
+    away twice (more tries than max_deliver allows deliveries) without the handler finishing, then
+    `heal()` and wait for the handler; no dead letter may be written."""
+    handled: list[int] = []
+
+    async def handle(message: Note, delivery) -> None:
+        await handler(message)
+        handled.append(delivery.attempt)
+
+    before = retries(subjects.EVENTS)
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        consumer.consume(
+            stream=subjects.EVENTS, durable=f"test-{run}", filter_subject=f"events.{run}.>",
+            handler=handle, message_type=Note, stop=stop, ack_wait=30.0, max_deliver=1,
+        )  # fmt: skip
+    )
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while retries(subjects.EVENTS) - before < 2:
+            assert loop.time() < deadline and not task.done(), "the consumer never tried again"
+            await asyncio.sleep(0.05)
+        assert handled == []
+        await heal()
+        while not handled:
+            assert loop.time() < deadline, "the message was not handled once the dependency came back"
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+        await task
+        await bus.js.delete_consumer(subjects.EVENTS, f"test-{run}")
+    assert handled == [1]  # one delivery, held through the outage
+    letters = [letter for _, letter in await bus.dead_letters(stream=subjects.EVENTS, limit=1000)
+               if letter.subject.startswith(f"events.{run}.")]  # fmt: skip
+    assert letters == []
+
+
 async def test_a_claim_check_is_held_through_an_object_store_outage_not_dead_lettered(
     bus, run, common_settings
 ):
@@ -327,43 +366,22 @@ async def test_a_claim_check_is_held_through_an_object_store_outage_not_dead_let
     proxy = FlakyProxy(settings.s3_endpoint)
     outage = settings.model_copy(update={"s3_endpoint": await proxy.start()})
     consumer = await Bus.connect(outage, store=ObjectStore.from_settings(outage), name="test-outage")
-    big = event("big", blob="y" * 50_000)
-    await bus.publish(subjects.events(run, "big"), big, claim_prefix=f"runs/{run}/events")
-    handled: list[tuple[str, int]] = []
+    await bus.publish(subjects.events(run, "big"), event("big", blob="y" * 50_000), claim_prefix=f"runs/{run}/events")
+    read: list[str] = []
 
-    async def handler(message: Note, delivery) -> None:
-        handled.append((message.kind, delivery.attempt))
+    async def handler(message: Note) -> None:
+        read.append(message.kind)
 
-    holds = retries(subjects.EVENTS)
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        consumer.consume(
-            stream=subjects.EVENTS, durable=f"test-{run}", filter_subject=f"events.{run}.>",
-            handler=handler, message_type=Note, stop=stop, ack_wait=30.0, max_deliver=1,
-        )  # fmt: skip
-    )
-    try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        # Held, not redelivered: more retries than max_deliver allows deliveries, and still nothing handled.
-        while retries(subjects.EVENTS) - holds < 2:
-            assert loop.time() < deadline, "the consumer never retried the claim check"
-            await asyncio.sleep(0.05)
-        assert handled == [] and proxy.refused >= 2
+    async def heal() -> None:
+        assert proxy.refused >= 2
         proxy.heal()
-        while not handled:
-            assert loop.time() < deadline, "the message was not handled after the store came back"
-            await asyncio.sleep(0.05)
+
+    try:
+        await held_through_an_outage(bus, consumer, run, handler, heal)
     finally:
-        stop.set()
-        await task
         await consumer.close()
         await proxy.close()
-        await bus.js.delete_consumer(subjects.EVENTS, f"test-{run}")
-    assert handled == [("big", 1)]  # one delivery, held through the outage
-    letters = [letter for _, letter in await bus.dead_letters(stream=subjects.EVENTS, limit=1000)
-               if letter.subject.startswith(f"events.{run}.")]  # fmt: skip
-    assert letters == []
+    assert read == ["big"]
 
 
 async def test_a_handler_whose_dependency_is_away_is_held_and_retried_not_dead_lettered(bus, run):
@@ -379,44 +397,18 @@ async def test_a_handler_whose_dependency_is_away_is_held_and_retried_not_dead_l
         answered.append("ok")
         return SampleReply(tasks=[])
 
-    handled: list[tuple[str, int]] = []
-
-    async def handler(message: Note, delivery) -> None:
+    async def handler(message: Note) -> None:
         await bus.request(dependency, SampleRequest(run_id=run, taskset="t"), SampleReply, timeout=2)
-        handled.append((message.kind, delivery.attempt))
+
+    async def heal() -> None:
+        await bus.serve(dependency, service, SampleRequest)
 
     with pytest.raises(BusTimeout):  # both kinds of refusal are Unavailable to the handler
         await bus.request(dependency, SampleRequest(run_id=run, taskset="t"), SampleReply, timeout=2)
     assert issubclass(BusTimeout, Unavailable) and issubclass(RemoteUnavailable, Unavailable)
     await bus.publish(subjects.events(run, "needs"), event("needs"))
-    before = retries(subjects.EVENTS)
-    stop = asyncio.Event()
-    task = asyncio.create_task(
-        bus.consume(
-            stream=subjects.EVENTS, durable=f"test-{run}", filter_subject=f"events.{run}.>",
-            handler=handler, message_type=Note, stop=stop, ack_wait=30.0, max_deliver=1,
-        )  # fmt: skip
-    )
-    try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while retries(subjects.EVENTS) - before < 2:  # tried twice with nobody serving: more than max_deliver
-            assert loop.time() < deadline, "the consumer never retried the handler"
-            await asyncio.sleep(0.05)
-        assert handled == []
-        await bus.serve(dependency, service, SampleRequest)
-        while not handled:
-            assert loop.time() < deadline, "the message was not handled once the service answered"
-            await asyncio.sleep(0.05)
-    finally:
-        stop.set()
-        await task
-        await bus.js.delete_consumer(subjects.EVENTS, f"test-{run}")
+    await held_through_an_outage(bus, bus, run, handler, heal)
     assert answered == ["unavailable", "ok"]  # the service's "unavailable" reply was held through too
-    assert handled == [("needs", 1)]
-    letters = [letter for _, letter in await bus.dead_letters(stream=subjects.EVENTS, limit=1000)
-               if letter.subject.startswith(f"events.{run}.")]  # fmt: skip
-    assert letters == []
 
 
 async def test_object_store_failures_are_unavailable_and_a_missing_object_is_not(common_settings, run):

@@ -10,22 +10,18 @@ import uuid
 import msgspec
 import pytest
 from cli_runner import settings_env
+from grading_task import a_task, tool_call, trajectory
 from nats.js.api import DeliverPolicy
 from prometheus_client import REGISTRY
 
 from crucible.bus import Bus
 from crucible.clients.sandbox import SandboxClient
-from crucible.contracts import decode, packing, subjects
+from crucible.contracts import decode, subjects
 from crucible.contracts.keys import graded_key
 from crucible.contracts.messages import (
     GradedTrajectory,
     RunCreated,
-    SampleReply,
-    SampleRequest,
     TaskReply,
-    TaskRequest,
-    ToolCall,
-    Trajectory,
 )
 from crucible.contracts.runconfig import RunConfig
 from crucible.db.migrate import upgrade_async
@@ -64,36 +60,10 @@ def with_wrong_context(patch: str) -> str:
     return "".join(lines)
 
 
-def tool_call(index: int, *, ok: bool) -> ToolCall:
-    return ToolCall(
-        index=index, name="read_file", arguments="{}", ok=ok, output="", duration_s=0.1,
-        token_start=0, token_end=1, policy_version=0,
-    )  # fmt: skip
 
 
-def trajectory(*, run_id: str, task: TaskReply, diff: str, tool_calls: list[ToolCall] = ()) -> Trajectory:
-    return Trajectory(
-        run_id=run_id,
-        trajectory_id=uuid.uuid4().hex,
-        group_id="g0",
-        task_id=task.task.task_id,
-        taskset=task.task.taskset,
-        tokens=packing.pack("u32", [1, 2, 3]),
-        logprobs=packing.pack("f32", [0.0, -0.5, -0.1]),
-        versions=packing.pack("u32", [0, 0, 0]),
-        loss_mask=packing.pack("u8", [0, 1, 1]),
-        constraints=packing.pack("u8", [0, 0, 0]),
-        tool_calls=list(tool_calls),
-        final_diff=diff,
-    )
 
 
-async def a_task(bus: Bus, run_id: str) -> TaskReply:
-    sampled = await bus.request(
-        subjects.CATALOG_SAMPLE, SampleRequest(run_id=run_id, taskset="pybugs", count=1), SampleReply
-    )
-    request = TaskRequest(task_id=sampled.tasks[0].task_id, include_secret=True)
-    return await bus.request(subjects.CATALOG_GET, request, TaskReply)
 
 
 async def count_on(bus: Bus, stream: str, subject: str) -> int:

@@ -297,7 +297,7 @@ async def test_execute_keeps_stderr_apart_when_asked() -> None:
 def test_what_a_run_killed_outright_left_is_taken_back_by_the_next_run() -> None:
     proc, marker, made = start_sleeping_run(stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        (replica,) = [p.name for p in made.iterdir()]
+        (replica,) = [p.name for p in made.iterdir() if p.is_dir()]  # beside it, its lock file
         cgroups = f"**/crucible-sandbox-{replica}"
         assert list(Path("/sys/fs/cgroup").glob(cgroups)) or not cgroups_available()
         proc.kill()  # SIGKILL: no clean-up of its own
