@@ -1,12 +1,11 @@
 """A short run through every real service, checked over the REST API: each trajectory graded once and
 trained on at most once, metrics and checkpoints recorded, weights versions used by the rollouts, and a
-grader and then the trainer killed with SIGKILL mid-run and restarted: each picks up from its durable
-consumer, with nothing lost and nothing processed twice."""
+malformed message on the grader's stream dead-lettered. (Services killed mid-run, and servers
+restarted, are test_e2e_chaos's.)"""
 
 from __future__ import annotations
 
 import asyncio
-import signal
 import time
 
 import httpx
@@ -72,11 +71,7 @@ async def publish_raw(nats_url: str, subject: str, data: bytes) -> None:
 
 
 def test_short_run_through_every_service(tmp_path):
-    service_env = {
-        "grader": {"CRUCIBLE_ACK_WAIT_S": "8", "CRUCIBLE_HEARTBEAT_S": "2"},
-        "trainer": {"CRUCIBLE_ACK_WAIT_S": "6", "CRUCIBLE_HEARTBEAT_S": "2"},
-    }
-    with LocalStack(api_port=0, state_dir=tmp_path / "stack", service_env=service_env) as stack:
+    with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
         client = httpx.Client(base_url=stack.api_url, timeout=30)
         nats_url = stack.settings_env["CRUCIBLE_NATS_URL"]
 
@@ -90,17 +85,9 @@ def test_short_run_through_every_service(tmp_path):
         assert created.status_code == 201, created.text
         run_id = created.json()["run_id"]
 
-        # Mid-run: a malformed message on the grader's stream, then the grader dies without warning.
+        # Mid-run: a malformed message on the grader's stream.
         wait_for(lambda: pages(client, f"/v1/runs/{run_id}/trajectories"), timeout=300, what="a graded trajectory", stack=stack)
         asyncio.run(publish_raw(nats_url, subjects.rollouts(run_id), b"\x93not a trajectory"))
-        stack.kill("grader", signal.SIGKILL)
-        time.sleep(2)
-        stack.restart("grader")
-        # Then the trainer, between optimizer steps or in the middle of one.
-        wait_for(lambda: pages(client, f"/v1/runs/{run_id}/steps"), timeout=300, what="a first step", stack=stack)
-        stack.kill("trainer", signal.SIGKILL)
-        time.sleep(1)
-        stack.restart("trainer")
 
         run = wait_for(
             lambda: (r := client.get(f"/v1/runs/{run_id}").json())["status"] in ("finished", "failed") and r,
