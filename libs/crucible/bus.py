@@ -361,7 +361,7 @@ class Bus:
             await handler(message, delivery)
 
         try:
-            done, _ = await ride_out(work, stop=stop, what=f"consume {stream}", on_hold=hold)
+            done = await ride_out(work, stop=stop, what=f"consume {stream}", on_hold=hold)
         except asyncio.CancelledError:
             delivery.held = False  # a failed handler's message is settled here, whatever it meant to hold
             await self._settle(msg.nak())

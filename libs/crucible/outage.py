@@ -15,17 +15,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
 
 import structlog
 from prometheus_client import Counter
 
-T = TypeVar("T")
 log = structlog.get_logger("crucible.outage")
 
 FIRST_RETRY_S, MAX_RETRY_S = 1.0, 30.0
 
-HOLDS = Counter(
+RETRIES = Counter(
     "crucible_outage_retries_total", "Work tried again because a dependency was unavailable, by what it was",
     ["work"],
 )
@@ -36,30 +34,29 @@ class Unavailable(RuntimeError):
 
 
 async def ride_out(
-    work: Callable[[], Awaitable[T]],
+    work: Callable[[], Awaitable[object]],
     *,
     stop: asyncio.Event,
     what: str,
     on_hold: Callable[[], object] | None = None,
-    first_s: float = FIRST_RETRY_S,
-    max_s: float = MAX_RETRY_S,
-) -> tuple[bool, T | None]:
-    """Run `work` until it does not raise `Unavailable`, with backoff from `first_s` doubling up to
-    `max_s` between tries. Returns (True, its result), or (False, None) if `stop` was set while waiting.
+) -> bool:
+    """Run `work` until it does not raise `Unavailable`, with backoff from FIRST_RETRY_S doubling up to
+    MAX_RETRY_S between tries. Returns True once it ran, False if `stop` was set while waiting.
     `on_hold` runs after each unavailable try (e.g. to keep a message's ack deadline extended). `what`
     names the work in logs and in `crucible_outage_retries_total`."""
-    pause = first_s
+    pause = FIRST_RETRY_S
     while True:
         try:
-            return True, await work()
+            await work()
+            return True
         except Unavailable as exc:
             error = exc
         if on_hold is not None:
             on_hold()
-        HOLDS.labels(what).inc()
+        RETRIES.labels(what).inc()
         log.warning("dependency unavailable; holding the work", work=what, retry_in_s=pause, error=str(error))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=pause)
         if stop.is_set():
-            return False, None
-        pause = min(2 * pause, max_s)
+            return False
+        pause = min(2 * pause, MAX_RETRY_S)

@@ -11,7 +11,7 @@ import structlog
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from crucible.bus import Bus, BusError, RemoteError
+from crucible.bus import Bus, BusError
 from crucible.contracts import subjects
 from crucible.contracts.events import TERMINAL_STATUSES
 from crucible.contracts.messages import DescribeReply, DescribeRequest, EvalRequest, Message, RunCreated
@@ -36,7 +36,7 @@ class Conflict(RuntimeError):
 
 
 class Unservable(ValueError):
-    """A run config the catalog cannot serve: a 422 naming the field, like any validation error."""
+    """A run config the catalog or the sandbox cannot serve: a 422 naming the field, like any validation error."""
 
     def __init__(self, loc: tuple[str, ...], msg: str) -> None:
         super().__init__(msg)
@@ -76,7 +76,7 @@ class ConfigCheck:
             return None
         try:
             return await bus.request(subject, request, reply_type, timeout=self.timeout_s)
-        except (BusError, RemoteError, nats.errors.Error) as exc:
+        except (BusError, nats.errors.Error) as exc:  # no answer, or an error reply
             self.silent_until[service] = time.monotonic() + self.quiet_s
             log.warning("a service did not answer; run configs go unchecked by it for a while",
                         service=service, error=str(exc))  # fmt: skip

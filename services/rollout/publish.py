@@ -15,7 +15,7 @@ async def publish_trajectory(bus: Bus, trajectory: Trajectory, *, stop: asyncio.
     """Publish `trajectory` under its id (by claim check when large). While NATS or S3 is away it is
     tried again with backoff, and a retry the server already took is dropped as a duplicate; returns
     False only if `stop` is set first (the replica is stopping and the trajectory is lost with it)."""
-    done, _ = await ride_out(
+    return await ride_out(
         lambda: bus.publish(
             subjects.rollouts(trajectory.run_id),
             trajectory,
@@ -25,4 +25,3 @@ async def publish_trajectory(bus: Bus, trajectory: Trajectory, *, stop: asyncio.
         stop=stop,
         what=f"publish {subjects.ROLLOUTS}",
     )
-    return done

@@ -47,7 +47,7 @@ async def setup(rt: Runtime[Settings]) -> None:
         rt.log.info("training run", run_id=created.run_id, attempt=delivery.attempt)
         RUNS.inc()
         try:  # an outage starts the run's job again after a backoff, without handing the run back
-            done, _ = await ride_out(
+            done = await ride_out(
                 lambda: RunJob(rt=rt, created=created).run(delivery), stop=rt.stopping, what="train run"
             )
             if not done:  # stopping while a dependency was away: another trainer (or this one) resumes it
