@@ -8,6 +8,8 @@ import asyncio
 import time
 import uuid
 
+from redis.exceptions import RedisError
+
 from crucible.agent.episode import run_episode
 from crucible.clients.checkpoints import load_weights
 from crucible.clients.sandbox import SandboxClient, SandboxSession
@@ -27,6 +29,7 @@ from services.rollout.publish import publish_trajectory
 from services.rollout.settings import Settings
 
 GROUP_RETRY_S = 2.0
+REDIS_ERRORS = (RedisError, OSError)
 SANDBOX_TTL_S = 600.0  # idle time after which a crashed rollout's sandboxes are reaped
 ERROR_CHARS = 2000
 
@@ -93,13 +96,24 @@ class RunWorker:
         slots = asyncio.Semaphore(self.settings.concurrent_groups)
         groups: set[asyncio.Task] = set()
         while not self.rt.stopping.is_set():
-            if await self._finished() or await budget_spent(redis=self.rt.redis, run_id=self.run_id, config=self.config):
+            if await self._finished():
                 break
+            try:
+                if await budget_spent(redis=self.rt.redis, run_id=self.run_id, config=self.config):
+                    break
+            except REDIS_ERRORS as exc:
+                await self._redis_away(exc)
+                continue
             if self.engine.version < 0:
                 await self._wait_for_version()
                 continue
             await slots.acquire()
-            index = await try_admit(redis=self.rt.redis, run_id=self.run_id, config=self.config, version=self.engine.version)
+            try:
+                index = await try_admit(redis=self.rt.redis, run_id=self.run_id, config=self.config, version=self.engine.version)
+            except REDIS_ERRORS as exc:
+                slots.release()
+                await self._redis_away(exc)
+                continue
             if index is None:
                 slots.release()
                 await self._wait_for_version()
@@ -109,6 +123,11 @@ class RunWorker:
             task.add_done_callback(lambda t: (groups.discard(t), slots.release()))
         if groups:
             await asyncio.gather(*groups, return_exceptions=True)
+
+    async def _redis_away(self, exc: BaseException) -> None:
+        """Admission is counted in Redis: while it is away (or restarting), no group is admitted."""
+        self.rt.log.warning("redis unavailable; admitting no group for now", run_id=self.run_id, error=repr(exc))
+        await asyncio.sleep(GROUP_RETRY_S)
 
     async def _finished(self) -> bool:
         """The trainer's durable end-of-run marker (Redis only caches it)."""
@@ -177,7 +196,10 @@ class RunWorker:
         toward `max_failed_groups` in a row, after which the run is failed with the reason: the rollouts
         cannot run it (its task set is gone, its snapshots do not unpack, its episodes all fail)."""
         self.rt.log.error(what, run_id=self.run_id, group=index, error=repr(exc))
-        await release(redis=self.rt.redis, run_id=self.run_id, index=index)
+        try:
+            await release(redis=self.rt.redis, run_id=self.run_id, index=index)
+        except REDIS_ERRORS as redis_exc:  # the index is lost; the trainer asks for lost groups again
+            self.rt.log.warning("could not give a group index back", run_id=self.run_id, error=repr(redis_exc))
         if not isinstance(exc, Unavailable):
             self.failed_groups += 1
             if self.failed_groups >= self.settings.max_failed_groups:
