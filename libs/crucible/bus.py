@@ -459,6 +459,8 @@ class Bus:
             raw = await self.js.get_last_msg(stream, subject)
         except nats.js.errors.NotFoundError:
             return None
+        except (nats.errors.Error, TimeoutError) as exc:
+            raise BusUnavailable(f"reading the newest message on {subject} failed: {type(exc).__name__}: {exc}") from exc
         return await self._unpack(raw.data or b"", dict(raw.headers or {}), type_)
 
     async def watch(

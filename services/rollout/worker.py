@@ -96,13 +96,13 @@ class RunWorker:
         slots = asyncio.Semaphore(self.settings.concurrent_groups)
         groups: set[asyncio.Task] = set()
         while not self.rt.stopping.is_set():
-            if await self._finished():
-                break
             try:
-                if await budget_spent(redis=self.rt.redis, run_id=self.run_id, config=self.config):
+                if await self._finished() or await budget_spent(
+                    redis=self.rt.redis, run_id=self.run_id, config=self.config
+                ):
                     break
-            except REDIS_ERRORS as exc:
-                await self._redis_away(exc)
+            except (*REDIS_ERRORS, Unavailable) as exc:
+                await self._away(exc)
                 continue
             if self.engine.version < 0:
                 await self._wait_for_version()
@@ -112,7 +112,7 @@ class RunWorker:
                 index = await try_admit(redis=self.rt.redis, run_id=self.run_id, config=self.config, version=self.engine.version)
             except REDIS_ERRORS as exc:
                 slots.release()
-                await self._redis_away(exc)
+                await self._away(exc)
                 continue
             if index is None:
                 slots.release()
@@ -124,9 +124,10 @@ class RunWorker:
         if groups:
             await asyncio.gather(*groups, return_exceptions=True)
 
-    async def _redis_away(self, exc: BaseException) -> None:
-        """Admission is counted in Redis: while it is away (or restarting), no group is admitted."""
-        self.rt.log.warning("redis unavailable; admitting no group for now", run_id=self.run_id, error=repr(exc))
+    async def _away(self, exc: BaseException) -> None:
+        """Admission is counted in Redis and the run's end is read from NATS: while either is away (or
+        restarting), no group is admitted."""
+        self.rt.log.warning("cannot admit a group for now", run_id=self.run_id, error=repr(exc))
         await asyncio.sleep(GROUP_RETRY_S)
 
     async def _finished(self) -> bool:
@@ -260,4 +261,7 @@ class RunWorker:
             episodes_per_min=60 * self.episodes / elapsed,
         )
         event = Event.now(self.run_id, report, source=self.settings.replica)
-        await self.rt.bus.publish(event.subject, event, msg_id=event.msg_id)
+        try:
+            await self.rt.bus.publish(event.subject, event, msg_id=event.msg_id)
+        except Unavailable as exc:  # a snapshot of counters: the next report carries them on
+            self.rt.log.warning("could not report progress", run_id=self.run_id, error=repr(exc))

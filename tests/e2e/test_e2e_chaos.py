@@ -49,7 +49,9 @@ class Chaos:
         deadline = time.monotonic() + FAULT_TIMEOUT_S
         while not await condition():
             dead = self.stack.poll()
-            assert not dead, f"exited while waiting for {what}: {dead}"
+            assert not dead, f"exited while waiting for {what}: {dead}\n" + "\n".join(
+                f"--- {name}:\n{self.stack.log_tail(name, lines=60)}" for name, _ in dead
+            )
             assert time.monotonic() < deadline, f"timed out waiting for {what}"
             await asyncio.sleep(every_s)
 

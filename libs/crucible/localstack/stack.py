@@ -228,6 +228,11 @@ class LocalStack:
             raise ValueError(f"no embedded {name!r} server to stop or start (embedded: {', '.join(self.servers)})")
         return self.servers[name]
 
+    def log_tail(self, name: str, *, lines: int = 30) -> str:
+        """The last lines of a service's or an embedded server's log."""
+        process = self.servers[name] if name in self.servers else self.service(name)
+        return process.log_tail(lines=lines)
+
     def poll(self) -> list[tuple[str, int]]:
         """Services and embedded servers that exited on their own since the last poll, with exit codes."""
         exited = []

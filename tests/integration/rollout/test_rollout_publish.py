@@ -1,4 +1,5 @@
-"""A finished episode's trajectory is not lost to a NATS restart: the rollout waits it out and publishes."""
+"""A finished episode's trajectory is not lost to a NATS restart: the rollout waits it out and publishes;
+and reading the run's end meanwhile says NATS is away (which the rollout waits out), not something else."""
 
 from __future__ import annotations
 
@@ -8,10 +9,11 @@ import uuid
 import pytest
 from prometheus_client import REGISTRY
 
-from crucible.bus import Bus
+from crucible.bus import Bus, BusUnavailable
 from crucible.contracts import decode, packing, subjects
 from crucible.contracts.messages import Trajectory
 from crucible.localstack.servers import start_nats
+from crucible.runs import run_end
 from services.rollout.publish import publish_trajectory
 
 pytestmark = pytest.mark.integration
@@ -38,6 +40,8 @@ async def test_a_trajectory_finished_while_nats_restarts_is_published_once_it_is
             constraints=packing.pack("u8", [0, 0]), final_diff="",
         )  # fmt: skip
         server.stop()
+        with pytest.raises(BusUnavailable):
+            await run_end(bus, run_id)
         before = retries()
         publishing = asyncio.create_task(publish_trajectory(bus, trajectory, stop=asyncio.Event()))
         loop = asyncio.get_running_loop()
