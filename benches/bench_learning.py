@@ -51,7 +51,7 @@ def newcombe(k1: int, n1: int, k2: int, n2: int) -> tuple[float, float]:
 class Stack:
     def __init__(self, stack: LocalStack, timeout: float) -> None:
         self.stack = stack
-        self.client = httpx.Client(base_url=stack.api_url, timeout=30)
+        self.client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
         self.timeout = timeout
 
     def run(self, name: str, config: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from crucible.apikeys import Scope, make_key
 from crucible.settings import CommonSettings
 
 TORCHLESS = Path(__file__).resolve().parent / "torchless.py"
@@ -42,3 +43,8 @@ def wait_ready(base: str, proc: subprocess.Popen[bytes], log: Path, timeout: flo
             pass
         time.sleep(0.2)
     pytest.fail(f"api not ready after {timeout}s:\n{log.read_text()}")
+
+
+def key_headers(database_url: str, scope: Scope = "admin") -> dict[str, str]:
+    """Headers carrying a new API key of `scope`, made in the api's database."""
+    return {"Authorization": f"Bearer {make_key(database_url, scope=scope, name=f'test-{scope}')}"}

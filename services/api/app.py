@@ -19,13 +19,14 @@ from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import check_schema
 from crucible.runtime import Runtime
 from services.api import dashboard
+from services.api.auth import AUTH_RESPONSES, READ, WriteLimiter
 from services.api.cleanup import run_cleanup
 from services.api.commands import ConfigCheck, Conflict, Unavailable, Unservable
 from services.api.ingest import run_ingest
 from services.api.metrics import HTTP_REQUESTS, HTTP_SECONDS
 from services.api.pagination import InvalidCursor
 from services.api.queries import NotFound
-from services.api.routes import evals, health, runs, trajectories
+from services.api.routes import evals, health, keys, runs, trajectories
 from services.api.settings import Settings
 from services.api.trackers import Trackers
 
@@ -93,6 +94,7 @@ def create_app(
     app.state.sessionmaker = sessionmaker
     app.state.bus = bus
     app.state.config_check = ConfigCheck()
+    app.state.write_limiter = WriteLimiter(rate_per_s=settings.write_rate_per_s, burst=settings.write_burst)
     app.add_exception_handler(NotFound, _error(404))
     app.add_exception_handler(InvalidCursor, _error(400))
     app.add_exception_handler(Unavailable, _error(503))
@@ -100,8 +102,12 @@ def create_app(
     app.add_exception_handler(RequestValidationError, _invalid)
     app.add_exception_handler(Unservable, _unservable)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    for module in (health, runs, trajectories, evals, dashboard):
-        app.include_router(module.router)
+    app.add_exception_handler(dashboard.LoginNeeded, dashboard.login_needed)
+    app.include_router(health.router)
+    for module in (runs, trajectories, evals):
+        app.include_router(module.router, dependencies=[READ], responses=AUTH_RESPONSES)
+    app.include_router(keys.router)
+    app.include_router(dashboard.router)
     app.mount("/static", dashboard.static, name="static")
 
     @app.middleware("http")

@@ -210,3 +210,27 @@ class EvalOut(BaseModel):
     per_task: list[EvalTaskOut]
     created_at: datetime
     updated_at: datetime
+
+
+class KeyCreate(Input):
+    model_config = ConfigDict(str_strip_whitespace=True)
+
+    scope: Literal["read", "write", "admin"] = Field(
+        description="read: every GET; write: also start and cancel runs and request evaluations; admin: "
+        "also manage keys."
+    )
+    name: str = Field(min_length=1, max_length=200, pattern=PRINTABLE, description="Who or what holds it.")
+
+
+class KeyOut(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    key_id: str
+    name: str
+    scope: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class KeyCreated(KeyOut):
+    token: str = Field(description="The bearer token; shown this once, it cannot be recovered.")

@@ -16,6 +16,10 @@ class Settings(CommonSettings):
     """REST API port; 0 picks a free port."""
     max_body_bytes: int = Field(default=4 * 1024 * 1024, ge=1024)
     """A request body longer than this is refused with a 413 before it is read."""
+    write_rate_per_s: float = Field(default=5.0, gt=0)
+    """Writes (runs started or cancelled, evaluations, keys) one API key may make per second, sustained."""
+    write_burst: int = Field(default=50, ge=1)
+    """Writes one API key may make at once before `write_rate_per_s` applies (a 429 past it)."""
     ingest_batch: int = Field(default=1, ge=1, le=1024)
     """Stream messages fetched per pull while ingesting."""
     ingest_max_deliver: int = Field(default=5, ge=1)

@@ -24,7 +24,7 @@ SHORT = {"schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1, "pu
 def test_a_cancelled_run_ends_and_lets_the_next_one_train(tmp_path) -> None:
     one_run = {"trainer": {"CRUCIBLE_MAX_RUNS": "1"}}  # the next run waits for the trainer the first holds
     with LocalStack(api_port=0, state_dir=tmp_path / "stack", service_env=one_run) as stack:
-        client = httpx.Client(base_url=stack.api_url, timeout=30)
+        client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
         endless = client.post("/v1/runs", json={"name": "endless", "config": ENDLESS}).json()["run_id"]
         deadline = time.monotonic() + 300
         while not client.get(f"/v1/runs/{endless}/steps").json()["items"]:  # observed: it trains
@@ -35,7 +35,8 @@ def test_a_cancelled_run_ends_and_lets_the_next_one_train(tmp_path) -> None:
         assert cancelled.json()["status"] == "cancelled"
         again = client.post(f"/v1/runs/{endless}/cancel")
         assert again.status_code == 409 and "already ended" in again.text
-        cli = crucible("runs", "cancel", endless, "--api", stack.api_url)
+        cli = crucible("runs", "cancel", endless, "--api", stack.api_url,
+                       env={"CRUCIBLE_API_KEY": stack.api_key})  # fmt: skip
         assert cli.returncode == 1 and "already ended (cancelled)" in cli.stderr
         assert client.post("/v1/runs/run-nope/cancel").status_code == 404
         short = client.post("/v1/runs", json={"name": "short", "config": SHORT}).json()["run_id"]
@@ -54,7 +55,7 @@ def test_a_run_a_service_refuses_is_failed_with_the_reason_and_let_go(tmp_path) 
         "rollout": {"CRUCIBLE_MAX_FAILED_GROUPS": "3"},
     }
     with LocalStack(api_port=0, state_dir=tmp_path / "stack", service_env=service_env) as stack:
-        client = httpx.Client(base_url=stack.api_url, timeout=30)
+        client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
         wide = {"schedule": {**SHORT["schedule"], "group_size": 3}}
         refused_now = client.post("/v1/runs", json={"name": "wide", "config": wide})
         assert refused_now.status_code == 422, refused_now.text

@@ -27,7 +27,7 @@ CONFIG = {
 
 def test_imported_tasks_are_trained_on_and_evaluated(tmp_path):
     with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
-        env = {**stack.settings_env, "CRUCIBLE_API_URL": stack.api_url}
+        env = {**stack.settings_env, "CRUCIBLE_API_URL": stack.api_url, "CRUCIBLE_API_KEY_FILE": str(stack.api_key_file)}
         mirrors, good = swebench_repos.build(tmp_path / "repos")
         instances = tmp_path / "instances.jsonl"
         instances.write_text(swebench_repos.jsonl(good))
@@ -38,7 +38,7 @@ def test_imported_tasks_are_trained_on_and_evaluated(tmp_path):
         assert report["verified"] == 5 and set(report["splits"]) == {"train", "test"}
         held_out = report["splits"]["test"]
 
-        client = httpx.Client(base_url=stack.api_url, timeout=30)
+        client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
         run_id = client.post("/v1/runs", json={"name": "eval", "config": CONFIG}).raise_for_status().json()["run_id"]
         wait_for(lambda: pages(client, f"/v1/runs/{run_id}/checkpoints"), timeout=300, what="version 0", stack=stack)
         asked = crucible("eval", "--run", run_id, "--version", "0", "--json", env=env, timeout=900)
@@ -75,14 +75,14 @@ def test_imported_tasks_are_trained_on_and_evaluated(tmp_path):
 
         # The dashboard shows the finished run in a real browser: its curves drawn, its evaluations,
         # and a transcript one click away.
-        page = dom(f"{stack.api_url}/runs/{run_id}")
+        page = dom(stack.login_url(f"/runs/{run_id}"))
         assert 'data-drawn="true"' in page
         for chart in ("reward", "resolved", "evals", "loss", "staleness", "throughput"):
             figure = page.split(f'id="chart-{chart}"', 1)[1].split(">", 1)[0]
             assert 'data-points="' in figure and 'data-points="0"' not in figure, (chart, figure)
         assert page.count('class="uplot') >= 6 and "pass@1" in page
         assert page.count("/trajectories/") >= len(training[:20])
-        transcript = dom(f"{stack.api_url}/trajectories/{training[0]['trajectory_id']}")
+        transcript = dom(stack.login_url(f"/trajectories/{training[0]['trajectory_id']}"))
         assert 'class="segment agent"' in transcript and 'class="segment environment"' in transcript
         assert "FAIL_TO_PASS" in transcript and 'id="tool-calls"' in transcript
-        assert "imported" in dom(f"{stack.api_url}/")
+        assert "imported" in dom(stack.login_url("/"))

@@ -42,7 +42,7 @@ def test_rollouts_on_an_external_engine_follow_the_trained_versions(tmp_path) ->
         with LocalStack(
             api_port=0, state_dir=tmp_path / "stack", service_env={"rollout": rollout_env}
         ) as stack:
-            client = httpx.Client(base_url=stack.api_url, timeout=30)
+            client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
             created = client.post("/v1/runs", json={"name": "external", "config": config})
             assert created.status_code == 201, created.text
             run_id = created.json()["run_id"]

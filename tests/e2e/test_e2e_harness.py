@@ -25,7 +25,7 @@ def test_a_harness_drives_episodes_that_are_graded_and_trained_on(tmp_path) -> N
         "tasks": {"difficulties": [1]},
     }
     with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
-        client = httpx.Client(base_url=stack.api_url, timeout=30)
+        client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
         created = client.post("/v1/runs", json={"name": "harness", "config": config})
         assert created.status_code == 201, created.text
         run_id = created.json()["run_id"]

@@ -22,7 +22,7 @@ CONFIG = {
 
 def test_a_pretrained_model_trains_publishes_and_rolls_out(tmp_path) -> None:
     with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
-        client = httpx.Client(base_url=stack.api_url, timeout=30)
+        client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
         created = client.post("/v1/runs", json={"name": "smollm2", "config": CONFIG})
         assert created.status_code == 201, created.text
         run_id = created.json()["run_id"]

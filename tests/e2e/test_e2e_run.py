@@ -72,7 +72,7 @@ async def publish_raw(nats_url: str, subject: str, data: bytes) -> None:
 
 def test_short_run_through_every_service(tmp_path):
     with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
-        client = httpx.Client(base_url=stack.api_url, timeout=30)
+        client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
         nats_url = stack.settings_env["CRUCIBLE_NATS_URL"]
 
         bad = {"schedule": {"group_size": 0}, "model": {"precision": "fp4"}}

@@ -53,7 +53,7 @@ def test_a_warm_start_trains_publishes_and_an_rl_run_starts_from_it(tmp_path, mo
     demos = tmp_path / "demos.jsonl"
     demos.write_text(json.dumps(CONVERSATION) + "\n")
     with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
-        env = {**stack.settings_env, "CRUCIBLE_API_URL": stack.api_url}
+        env = {**stack.settings_env, "CRUCIBLE_API_URL": stack.api_url, "CRUCIBLE_API_KEY_FILE": str(stack.api_key_file)}
         for name, value in stack.settings_env.items():
             monkeypatch.setenv(name, value)
         bad = tmp_path / "bad.jsonl"
@@ -72,10 +72,10 @@ def test_a_warm_start_trains_publishes_and_an_rl_run_starts_from_it(tmp_path, mo
         # Up to 4 reference demonstrations (the byte-level agent plays one-line edits) and 1 imported.
         assert warm["demonstrations"] + sum(warm["skipped"].values()) <= 5 and warm["demonstrations"] >= 3
         assert warm["steps"] == 30 and warm["loss_last"] < 0.7 * warm["loss_first"]
-        client = httpx.Client(base_url=stack.api_url, timeout=30)
+        client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
         assert [c["version"] for c in pages(client, f"/v1/runs/{sft_run}/checkpoints")] == [0]
         assert pages(client, f"/v1/runs/{sft_run}/trajectories") == []  # a warm start alone samples nothing
-        page = dom(f"{stack.api_url}/runs/{sft_run}")  # the dashboard shows it, its loss curve drawn
+        page = dom(stack.login_url(f"/runs/{sft_run}"))  # the dashboard shows it, its loss curve drawn
         assert f"{warm['demonstrations']} demonstrations" in page
         assert 'data-points="30"' in page.split('id="chart-sft"', 1)[1].split(">", 1)[0]
 

@@ -95,18 +95,17 @@ def _run(stack, *, config, console: Console, started: float, as_json: bool, time
 
     with console.status("starting NATS, S3, Redis, the database and seven services…"):
         stack.start()
-    client = httpx.Client(base_url=stack.api_url, timeout=30)
+    client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
     response = client.post("/v1/runs", json={"name": "demo", "config": config})
     if response.status_code != 201:
         console.print(f"[red]could not create the run: {response.status_code} {response.text}[/red]")
         raise typer.Exit(1)
     run_id = response.json()["run_id"]
     console.print(f"run [bold]{run_id}[/bold] created; API at {stack.api_url}")
-    console.print(f"dashboard: {stack.api_url}/runs/{run_id}" + ("" if keep_running else " (--keep-running keeps it up after the run)"))
+    console.print(f"dashboard: {stack.login_url(f'/runs/{run_id}')}" + ("" if keep_running else " (--keep-running keeps it up after the run)"))
+    console.print(f"admin API key: {stack.api_key_file}")
     progress = _follow(client=client, stack=stack, run_id=run_id, console=console, timeout=timeout)
-    summary = _summary(
-        client=client, run_id=run_id, api_url=stack.api_url, elapsed=time.monotonic() - started
-    )
+    summary = _summary(client=client, run_id=run_id, stack=stack, elapsed=time.monotonic() - started)
     summary["progress_ok"] = progress
     if as_json:
         print(json.dumps(summary, indent=2))
@@ -181,7 +180,7 @@ def _table(run, steps, trajectories, checkpoints, evals, elapsed: float) -> Tabl
     return table
 
 
-def _summary(*, client, run_id: str, api_url: str, elapsed: float) -> dict[str, Any]:
+def _summary(*, client, run_id: str, stack, elapsed: float) -> dict[str, Any]:
     run = client.get(f"/v1/runs/{run_id}").json()
     steps = _pages(client, f"/v1/runs/{run_id}/steps")
     trajectories = _pages(client, f"/v1/runs/{run_id}/trajectories")
@@ -193,8 +192,10 @@ def _summary(*, client, run_id: str, api_url: str, elapsed: float) -> dict[str, 
     last_eval = evals[-1] if evals else None
     return {
         "run_id": run_id,
-        "api_url": api_url,
-        "dashboard_url": f"{api_url}/runs/{run_id}",
+        "api_url": stack.api_url,
+        "bus_url": stack.settings_env["CRUCIBLE_NATS_URL"],
+        "api_key_file": str(stack.api_key_file),
+        "dashboard_url": f"{stack.api_url}/runs/{run_id}",
         "status": run["status"],
         "steps": len(steps),
         "trajectories_graded": len(trajectories),

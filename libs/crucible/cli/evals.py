@@ -11,23 +11,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from crucible.cli.runs import DEFAULT_API, ApiOption, _get
+from crucible.cli.api import DEFAULT_API, ApiOption, call
 
 DONE = ("finished", "failed")
-
-
-def _post(api: str, path: str, body: dict[str, Any]) -> Any:
-    import httpx
-
-    try:
-        response = httpx.post(f"{api.rstrip('/')}{path}", json=body, timeout=30)
-    except httpx.HTTPError as exc:
-        Console(stderr=True).print(f"[red]cannot reach the API at {api}: {exc}[/red]")
-        raise typer.Exit(2) from None
-    if response.status_code >= 400:
-        Console(stderr=True).print(f"[red]{response.status_code}: {response.json().get('detail', response.text)}[/red]")
-        raise typer.Exit(1)
-    return response.json()
 
 
 def rate(r: dict[str, Any]) -> str:
@@ -66,14 +52,14 @@ def evaluate(
     """Evaluate a checkpoint on held-out tasks: greedy pass@1, pass@k, resolved rate and quality."""
     body = {"run_id": run, "version": version, "taskset": taskset, "split": split, "samples": samples,
             "max_tasks": max_tasks}  # fmt: skip
-    created = _post(api, "/v1/evals", {k: v for k, v in body.items() if v is not None})
+    created = call(api, "POST", "/v1/evals", body={k: v for k, v in body.items() if v is not None})
     result = created
     deadline = time.monotonic() + timeout
     console = Console(stderr=as_json, quiet=as_json)
     with console.status(f"evaluating {run} v{created['version']} ({created['eval_id']})…"):
         while wait and result["status"] not in DONE and time.monotonic() < deadline:
             time.sleep(2.0)
-            result = _get(api, f"/v1/evals/{created['eval_id']}")
+            result = call(api, "GET", f"/v1/evals/{created['eval_id']}")
     if as_json:
         print(json.dumps(result, indent=2))
     else:

@@ -14,6 +14,7 @@ COMMAND_MODULES = (
     "crucible.cli.up",
     "crucible.cli.db",
     "crucible.cli.demo",
+    "crucible.cli.keys",
     "crucible.cli.runs",
     "crucible.cli.evals",
     "crucible.cli.sft",

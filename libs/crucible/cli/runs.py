@@ -4,38 +4,15 @@ REST API, and an operator's end to a run."""
 from __future__ import annotations
 
 import json
-import os
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
+from crucible.cli.api import DEFAULT_API, ApiOption, call
+
 runs_app = typer.Typer(help="Query run history over the REST API.", no_args_is_help=True)
-
-ApiOption = Annotated[
-    str,
-    typer.Option(
-        "--api", help="Base URL of the Crucible API (env CRUCIBLE_API_URL).", envvar="CRUCIBLE_API_URL"
-    ),
-]
-DEFAULT_API = os.environ.get("CRUCIBLE_API_URL", "http://127.0.0.1:8000")
-
-
-def _get(api: str, path: str, **params: Any) -> Any:
-    import httpx
-
-    try:
-        response = httpx.get(f"{api.rstrip('/')}{path}", params=params, timeout=10)
-    except httpx.HTTPError as exc:
-        Console(stderr=True).print(f"[red]cannot reach the API at {api}: {exc}[/red]")
-        raise typer.Exit(2) from None
-    if response.status_code == 404:
-        Console(stderr=True).print(f"[red]{response.json().get('detail', 'not found')}[/red]")
-        raise typer.Exit(1)
-    response.raise_for_status()
-    return response.json()
-
 
 @runs_app.command("list")
 def list_runs(
@@ -44,7 +21,7 @@ def list_runs(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """The newest runs."""
-    page = _get(api, "/v1/runs", limit=limit)
+    page = call(api, "GET", "/v1/runs", params={"limit": limit})
     if as_json:
         print(json.dumps(page["items"], indent=2))
         return
@@ -59,10 +36,10 @@ def show_run(
     run_id: str, api: ApiOption = DEFAULT_API, as_json: Annotated[bool, typer.Option("--json")] = False
 ) -> None:
     """One run: its config, steps, checkpoints and evaluations."""
-    run = _get(api, f"/v1/runs/{run_id}")
-    steps = _get(api, f"/v1/runs/{run_id}/steps", limit=500)["items"]
-    checkpoints = _get(api, f"/v1/runs/{run_id}/checkpoints", limit=500)["items"]
-    evals = _get(api, f"/v1/runs/{run_id}/evals", limit=500)["items"]
+    run = call(api, "GET", f"/v1/runs/{run_id}")
+    steps = call(api, "GET", f"/v1/runs/{run_id}/steps", params={"limit": 500})["items"]
+    checkpoints = call(api, "GET", f"/v1/runs/{run_id}/checkpoints", params={"limit": 500})["items"]
+    evals = call(api, "GET", f"/v1/runs/{run_id}/evals", params={"limit": 500})["items"]
     if as_json:
         print(json.dumps({"run": run, "steps": steps, "checkpoints": checkpoints, "evals": evals}, indent=2))
         return
@@ -96,17 +73,8 @@ def show_run(
 @runs_app.command("cancel")
 def cancel_run(run_id: str, api: ApiOption = DEFAULT_API) -> None:
     """End a run now (it becomes `cancelled`; what it trained stays published)."""
-    import httpx
-
-    try:
-        response = httpx.post(f"{api.rstrip('/')}/v1/runs/{run_id}/cancel", timeout=30)
-    except httpx.HTTPError as exc:
-        Console(stderr=True).print(f"[red]cannot reach the API at {api}: {exc}[/red]")
-        raise typer.Exit(2) from None
-    if response.status_code != 200:
-        Console(stderr=True).print(response.json().get("detail", response.text), style="red", markup=False)
-        raise typer.Exit(1)
-    Console().print(f"{run_id}: {response.json()['status']}")
+    run = call(api, "POST", f"/v1/runs/{run_id}/cancel")
+    Console().print(f"{run_id}: {run['status']}")
 
 
 def register(app: typer.Typer) -> None:

@@ -15,8 +15,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from crucible.cli.evals import DONE, _post
-from crucible.cli.runs import DEFAULT_API, ApiOption, _get
+from crucible.cli.api import DEFAULT_API, ApiOption, call
+from crucible.cli.evals import DONE
 
 
 def _upload(path: Path) -> str:
@@ -76,13 +76,13 @@ def sft(
     except (OSError, ValueError) as exc:
         Console(stderr=True).print(f"[red]bad run config: {exc}[/red]")
         raise typer.Exit(2) from None
-    run = _post(api, "/v1/runs", {"name": name, "config": config})
+    run = call(api, "POST", "/v1/runs", body={"name": name, "config": config})
     console = Console(stderr=as_json, quiet=as_json)
     deadline = time.monotonic() + timeout
     with console.status(f"warm start {run['run_id']}: playing demonstrations, then {steps} steps…"):
         while wait and run["status"] not in DONE and time.monotonic() < deadline:
             time.sleep(2.0)
-            run = _get(api, f"/v1/runs/{run['run_id']}")
+            run = call(api, "GET", f"/v1/runs/{run['run_id']}")
     summary = _summary(run)
     if as_json:
         print(json.dumps(summary, indent=2))

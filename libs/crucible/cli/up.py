@@ -75,6 +75,10 @@ def up(
             with console.status("starting the stack…"):
                 stack.start()
             console.print(f"API: {stack.api_url}    logs: {stack.state_dir}/logs    Ctrl-C stops everything")
+            if stack.api_key_file is not None:
+                console.print(f"admin API key: {stack.api_key_file} (export CRUCIBLE_API_KEY_FILE={stack.api_key_file})",
+                              markup=False, highlight=False)  # fmt: skip
+                console.print(f"dashboard: {stack.login_url()}", markup=False, highlight=False)
             _supervise(stack, console)
         except KeyboardInterrupt:
             pass

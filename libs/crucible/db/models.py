@@ -229,3 +229,17 @@ class Task(Base):
     fail_to_pass: Mapped[list[Any]] = mapped_column(JSON, default=list)
     pass_to_pass: Mapped[list[Any]] = mapped_column(JSON, default=list)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    """A REST API key (crucible.apikeys): only the sha256 of its secret is kept."""
+
+    __tablename__ = "api_keys"
+
+    key_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    scope: Mapped[str] = mapped_column(String(16))
+    """read, write (read and start or cancel runs, request evaluations) or admin (also manage keys)."""
+    secret_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]

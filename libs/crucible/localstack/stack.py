@@ -2,7 +2,7 @@
 service as a supervised child process. Used by `crucible up`, `crucible demo` and the end-to-end tests.
 
     with LocalStack(api_port=0) as stack:
-        httpx.get(f"{stack.api_url}/v1/runs")
+        httpx.get(f"{stack.api_url}/v1/runs", headers=stack.api_headers)
         stack.kill("grader", signal.SIGKILL)
         stack.restart("grader")
 """
@@ -20,6 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from crucible.apikeys import KEY_FILE, ensure_key_file
 from crucible.localstack.migrations import check_database_url, run_migrations
 from crucible.localstack.processes import LOOPBACK, free_ports, stop_processes
 from crucible.localstack.servers import Server, start_nats, start_redis, start_seaweedfs
@@ -82,6 +83,9 @@ class LocalStack:
         self.settings_env: dict[str, str] = {}
         """The CRUCIBLE_* settings every service gets (servers, keys, bucket), for CommonSettings."""
         self.api_url = ""
+        self.api_key = ""
+        """An admin key for the api (also in `api_key_file`); the same across restarts on one state dir."""
+        self.api_key_file: Path | None = None
         self._started = False
         self._dead_servers: set[str] = set()
 
@@ -110,8 +114,12 @@ class LocalStack:
                 self.state_dir = Path(tempfile.mkdtemp(prefix="crucible-stack-"))
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self._start_servers()
+            database_url = self.settings_env["CRUCIBLE_DATABASE_URL"]
             if USES_DATABASE & set(self.service_names):
-                run_migrations(database_url=self.settings_env["CRUCIBLE_DATABASE_URL"], env=self._env)
+                run_migrations(database_url=database_url, env=self._env)
+            if "api" in self.service_names:
+                self.api_key_file = self.state_dir / KEY_FILE
+                self.api_key = ensure_key_file(database_url, self.api_key_file)
             self._start_services()
         except BaseException:
             self.stop()
@@ -179,6 +187,17 @@ class LocalStack:
             self.services[name] = service
             service.start()
         wait_all_ready(list(self.services.values()), deadline=time.monotonic() + self.ready_timeout_s)
+
+    @property
+    def api_headers(self) -> dict[str, str]:
+        """Headers that carry the stack's admin key."""
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def login_url(self, path: str = "/") -> str:
+        """A dashboard URL that logs a browser in with the stack's key and goes on to `path`."""
+        from urllib.parse import urlencode
+
+        return f"{self.api_url}/login?{urlencode({'key': self.api_key, 'next': path})}"
 
     def service(self, name: str) -> ServiceProcess:
         try:

@@ -3,6 +3,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from services.api import queries
+from services.api.auth import WRITE, WRITE_RESPONSES
 from services.api.commands import create_eval
 from services.api.deps import BusDep, CursorQuery, IdPath, LimitQuery, SessionDep
 from services.api.schemas import EvalCreate, EvalOut, Page
@@ -13,7 +14,8 @@ router = APIRouter(tags=["evaluations"])
 @router.post(
     "/v1/evals",
     status_code=201,
-    responses={404: {"description": "No such run, or it has not published that version."},
+    dependencies=[WRITE],
+    responses={**WRITE_RESPONSES, 404: {"description": "No such run, or it has not published that version."},
                503: {"description": "The bus is unavailable."}},
 )  # fmt: skip
 async def post_eval(body: EvalCreate, session: SessionDep, bus: BusDep) -> EvalOut:

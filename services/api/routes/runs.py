@@ -7,6 +7,7 @@ from pydantic import Field
 
 from crucible.contracts.inputs import PRINTABLE
 from services.api import queries
+from services.api.auth import WRITE, WRITE_RESPONSES
 from services.api.commands import cancel_run, create_run
 from services.api.deps import BusDep, ConfigCheckDep, CursorQuery, IdPath, LimitQuery, SessionDep
 from services.api.schemas import CheckpointOut, MetricsOut, Page, RunCreate, RunOut, StepOut
@@ -15,7 +16,12 @@ router = APIRouter(prefix="/v1/runs", tags=["runs"])
 NOT_FOUND = {404: {"description": "No run with this id."}}
 
 
-@router.post("", status_code=201, responses={503: {"description": "The bus is unavailable."}})
+@router.post(
+    "",
+    status_code=201,
+    dependencies=[WRITE],
+    responses={**WRITE_RESPONSES, 503: {"description": "The bus is unavailable."}},
+)
 async def post_run(body: RunCreate, session: SessionDep, bus: BusDep, check: ConfigCheckDep) -> RunOut:
     """Create a run and announce it to the trainer; a config the catalog cannot serve is a 422."""
     return await create_run(session=session, bus=bus, name=body.name, config=body.config, check=check)
@@ -23,7 +29,8 @@ async def post_run(body: RunCreate, session: SessionDep, bus: BusDep, check: Con
 
 @router.post(
     "/{run_id}/cancel",
-    responses={**NOT_FOUND, 409: {"description": "The run has already ended."}, 503: {"description": "The bus is unavailable."}},
+    dependencies=[WRITE],
+    responses={**WRITE_RESPONSES, **NOT_FOUND, 409: {"description": "The run has already ended."}, 503: {"description": "The bus is unavailable."}},
 )
 async def post_cancel(run_id: IdPath, session: SessionDep, bus: BusDep) -> RunOut:
     """End a run now: the rollouts stop admitting its groups, its trainer stops (what it trained stays

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from api_process import key_headers
 from httpx import ASGITransport, AsyncClient
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -78,9 +79,14 @@ async def sessionmaker(database_url: str) -> AsyncIterator[async_sessionmaker[As
 
 
 @pytest.fixture
-async def client(sessionmaker: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncClient]:
+async def client(
+    sessionmaker: async_sessionmaker[AsyncSession], database_url: str
+) -> AsyncIterator[AsyncClient]:
+    """The api in process, called with an admin key."""
     app = create_app(settings=Settings(), sessionmaker=sessionmaker)
-    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api") as client:
+    transport = ASGITransport(app=app)
+    headers = key_headers(database_url)
+    async with AsyncClient(transport=transport, base_url="http://api", headers=headers) as client:
         yield client
 
 

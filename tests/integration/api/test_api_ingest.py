@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 import pytest
+from api_process import key_headers
 from httpx import ASGITransport, AsyncClient
 from prometheus_client import REGISTRY
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -97,6 +98,7 @@ async def collect(bus: Bus, subject: str, type_: type) -> list:
 async def test_history_arrives_over_the_bus_and_bad_messages_are_dead_lettered(
     bus: Bus,
     ingesting: None,
+    database_url: str,
     sessionmaker: async_sessionmaker[AsyncSession],
     make_graded: Callable[..., GradedTrajectory],
 ) -> None:
@@ -107,7 +109,8 @@ async def test_history_arrives_over_the_bus_and_bad_messages_are_dead_lettered(
     metrics_before = (metric("crucible_api_ingested_total", stream="GRADED"),
                       metric("crucible_api_http_requests_total", **created_count))  # fmt: skip
     app = create_app(settings=Settings(), sessionmaker=sessionmaker, bus=bus)
-    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api") as client:
+    headers = key_headers(database_url, "write")
+    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api", headers=headers) as client:
         created = await client.post("/v1/runs", json={"name": "bus", "config": {"seed": 5}})
         assert created.status_code == 201, created.text
         run_id = created.json()["run_id"]
@@ -196,12 +199,13 @@ async def _finished(client: AsyncClient, run_id: str) -> dict | None:
 
 
 async def test_create_run_is_503_when_the_bus_is_down(
-    sessionmaker: async_sessionmaker[AsyncSession], nats_url: str
+    sessionmaker: async_sessionmaker[AsyncSession], database_url: str, nats_url: str
 ) -> None:
     bus = await Bus.connect(Settings(nats_url=nats_url), name="api-test")
     await bus.close()
     app = create_app(settings=Settings(), sessionmaker=sessionmaker, bus=bus)
-    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api") as client:
+    headers = key_headers(database_url, "write")
+    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api", headers=headers) as client:
         response = await client.post("/v1/runs", json={"name": "offline"})
         assert response.status_code == 503
         assert "recorded but not announced, the bus is unavailable" in response.json()["detail"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_process import start_api, wait_ready
+from api_process import key_headers, start_api, wait_ready
 
 from crucible.bus import Bus
 from crucible.contracts import subjects
@@ -29,9 +29,11 @@ EXAMPLES = int(os.environ.get("CRUCIBLE_FUZZ_EXAMPLES", "25"))
 CONFIG = Path(__file__).with_name("schemathesis.toml")
 
 
-async def _seed(base: str, bus: Bus, make_graded: Callable[..., GradedTrajectory]) -> str:
+async def _seed(
+    base: str, headers: dict[str, str], bus: Bus, make_graded: Callable[..., GradedTrajectory]
+) -> str:
     """A run with two graded trajectories, ingested, so listings and details have something to serve."""
-    async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+    async with httpx.AsyncClient(base_url=base, headers=headers, timeout=10) as client:
         created = await client.post("/v1/runs", json={"name": "fuzz"})
         assert created.status_code == 201, created.text
         run_id = created.json()["run_id"]
@@ -55,18 +57,22 @@ async def test_schemathesis_finds_no_failure(
     (port,) = free_ports(count=1)
     suffix = uuid.uuid4().hex[:8]
     durables = {"graded_durable": f"api-graded-{suffix}", "events_durable": f"api-events-{suffix}"}
-    settings = common_settings(Settings, database_url=database_url, api_port=port, **durables)
+    settings = common_settings(
+        Settings, database_url=database_url, api_port=port, write_rate_per_s=1000.0, write_burst=10_000,
+        **durables,
+    )  # fmt: skip
     log = tmp_path / "api.log"
     base = f"http://127.0.0.1:{port}"
     proc = start_api(settings, log)
     bus = await Bus.connect(settings, name="api-fuzz-test")
     try:
         wait_ready(base, proc, log)
-        await _seed(base, bus, make_graded)
+        headers = key_headers(database_url)
+        await _seed(base, headers, bus, make_graded)
         fuzz = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "schemathesis.cli", "--config-file", str(CONFIG), "--no-color",
             "run", f"{base}/openapi.json", "--checks", "all",
-            "--exclude-checks", "ignored_auth",  # the api has no authentication yet
+            "--header", f"Authorization: {headers['Authorization']}",
             "--max-examples", str(EXAMPLES), "--seed", "20261203",
             "--workers", "1",  # hypothesis parses lambdas with ast, which races across threads on Python 3.11
             "--generation-database", "none", "--request-timeout", "30",

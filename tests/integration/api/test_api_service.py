@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_process import start_api, wait_ready
+from api_process import key_headers, start_api, wait_ready
 
 from crucible.bus import Bus
 from crucible.contracts import subjects
@@ -38,7 +38,8 @@ async def test_service_serves_rest_ingests_and_stops_cleanly(
     try:
         base = f"http://127.0.0.1:{port}"
         wait_ready(base, proc, log)
-        async with httpx.AsyncClient(base_url=base, timeout=10) as client:
+        headers = key_headers(database)
+        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=10) as client:
             created = await client.post("/v1/runs", json={"name": "svc"})
             assert created.status_code == 201, created.text
             run_id = created.json()["run_id"]

@@ -3,6 +3,7 @@ it started on Ctrl-C, SIGTERM or a closed terminal."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -178,3 +179,22 @@ def test_demo_stopped_by_sigterm_stops_the_stack() -> None:
 def test_demo_refuses_a_bad_run_config_before_starting_anything(args: list[str], message: str) -> None:
     result = crucible("demo", *args)
     assert result.returncode == 2 and "bad run config" in result.stderr and message in result.stderr
+
+
+def test_keys_are_made_listed_and_revoked_in_the_database(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'crucible.db'}"
+    assert crucible("db", "upgrade", "--url", url).returncode == 0
+    printed = crucible("keys", "create", "--scope", "read", "--name", "viewer", "--url", url)
+    assert printed.returncode == 0 and printed.stdout.startswith("crk_"), printed.stderr
+    written = crucible("keys", "create", "--scope", "admin", "--file", str(tmp_path / "key"), "--url", url)
+    assert written.returncode == 0 and (tmp_path / "key").stat().st_mode & 0o777 == 0o600
+    listed = json.loads(crucible("keys", "list", "--json", "--url", url).stdout)
+    assert [(k["name"], k["scope"], k["revoked_at"]) for k in listed] == [("viewer", "read", None), ("cli", "admin", None)]
+    assert printed.stdout.strip() not in json.dumps(listed)
+    viewer = listed[0]["key_id"]
+    assert crucible("keys", "revoke", viewer, "--url", url).returncode == 0
+    assert json.loads(crucible("keys", "list", "--json", "--url", url).stdout)[0]["revoked_at"] is not None
+    unknown = crucible("keys", "revoke", "nope", "--url", url)
+    assert unknown.returncode == 1 and "no key nope" in unknown.stderr
+    bad = crucible("keys", "create", "--scope", "root", "--url", url)
+    assert bad.returncode == 2 and "one of read, write, admin" in bad.stderr
