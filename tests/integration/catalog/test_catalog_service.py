@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from api_process import key_headers
 from httpx import ASGITransport, AsyncClient
 
 from crucible.bus import RemoteError
@@ -91,7 +92,8 @@ async def test_the_api_refuses_a_run_the_catalog_cannot_serve(bus, catalog_setti
     engine = make_engine(catalog_settings.database_url)
     app = create_app(settings=ApiSettings(), sessionmaker=make_sessionmaker(engine), bus=bus)
     try:
-        async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api") as client:
+        headers = key_headers(catalog_settings.database_url, scope="write")
+        async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api", headers=headers) as client:
             cases = [
                 ({"tasks": {"difficulties": [4, 3]}}, ["tasks", "difficulties"], "no train tasks of difficulty 3, 4; it has 1, 2"),
                 ({"tasks": {"taskset": "nope"}}, ["tasks", "taskset"], "the catalog has no task set 'nope'"),
