@@ -5,6 +5,11 @@ that file, never from the console, where the code under test can print anything 
 As the script, it is imported from its own folder, so a module of the same name planted in the
 workspace cannot stand in for it.
 
+It also serves the `crucible_probe` fixture of generated tasks' hidden tests: the test hands it a function,
+and what the function returns (as a Python literal) or raises (the exception's class name) is written with
+the test's result, to be judged outside the sandbox against an expected value that never enters it
+(`crucible.probes`).
+
 It runs inside the sandbox under the task's Python: it imports nothing of Crucible.
 """
 
@@ -23,6 +28,11 @@ TEST_DIRS = frozenset({"tests", "test"})
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "conftest.py")
 _RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
 _results: dict[str, dict[str, object]] = {}
+_probes: dict[str, dict[str, str]] = {}
+_PLAIN = (int, float, complex, str, bytes, bool, type(None))
+_LITERAL_DEPTH = 20
+VALUE_CHARS = 64 * 1024
+"""A probe value whose repr is longer is not recorded (no expected value is that long)."""
 
 
 def pytest_addoption(parser):
@@ -62,7 +72,59 @@ def pytest_collectreport(report):
         _record(report.nodeid or "<collection>", "error", 0.0, _message(report))
 
 
+def _plain(value: object, depth: int = 0) -> bool:
+    """Whether `value` is built of exact builtin types only, so its repr is the literal of its value (a
+    subclass could answer repr, or ==, as it likes)."""
+    if depth > _LITERAL_DEPTH:
+        return False
+    kind = type(value)
+    if kind in _PLAIN:
+        return True
+    if kind in (list, tuple, set):
+        return all(_plain(item, depth + 1) for item in value)  # type: ignore[attr-defined]
+    if kind is dict:
+        return all(_plain(k, depth + 1) and _plain(v, depth + 1) for k, v in value.items())  # type: ignore[attr-defined]
+    return False
+
+
+def _probe_outcome(call) -> dict[str, str]:
+    try:
+        value = call()
+    except Exception as exc:  # noqa: BLE001 - what the call raises is the outcome
+        kind = type(exc)
+        module = getattr(kind, "__module__", "")
+        return {"raised": kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"}
+    if not _plain(value):
+        return {"unusable": f"a {type(value).__module__}.{type(value).__qualname__}"}
+    text = repr(value)
+    if len(text) > VALUE_CHARS:
+        return {"unusable": f"a repr of {len(text)} characters"}
+    return {"value": text}
+
+
+def _crucible_probe(request):
+    """Record what one call of the code under test gives; the test itself passes."""
+
+    def probe(call) -> None:
+        _probes[request.node.nodeid] = _probe_outcome(call)
+
+    return probe
+
+
+def pytest_configure(config):
+    import types
+
+    import pytest
+
+    fixtures = types.ModuleType("crucible_probe_fixture")
+    fixtures.crucible_probe = pytest.fixture(_crucible_probe, name="crucible_probe")  # type: ignore[attr-defined]
+    config.pluginmanager.register(fixtures, "crucible-probe")
+
+
 def pytest_sessionfinish(session, exitstatus):
+    for nodeid, probed in _probes.items():
+        if nodeid in _results:
+            _results[nodeid]["probe"] = probed
     path = session.config.getoption("--crucible-report")
     if path:
         with open(path, "w", encoding="utf-8") as f:

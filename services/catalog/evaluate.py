@@ -8,14 +8,15 @@ real pytest, in a subprocess) happens later in `verify`.
 from __future__ import annotations
 
 import builtins
-import math
 import sys
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 
-from services.catalog import pyast
+from crucible import pyast
+from crucible.contracts.messages import Expected
+from crucible.probes import same_value
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,44 +30,11 @@ class Outcome:
         """Whether a test expecting `self` passes when the code produces `other`."""
         if self.error is not None or other.error is not None:
             return self.error == other.error
-        if wants_approx(self.value):
-            return approx_equal(self.value, other.value)
-        return type(self.value) is type(other.value) and self.value == other.value
+        return same_value(self.value, other.value)
 
-
-def wants_approx(value: object) -> bool:
-    """Floats, and flat lists, tuples or dicts of numbers that hold a float, compare approximately."""
-    if isinstance(value, float):
-        return True
-    if isinstance(value, dict):
-        value = list(value.values())
-    if isinstance(value, (list, tuple)):
-        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
-        return numbers and any(isinstance(v, float) for v in value)
-    return False
-
-
-def approx_equal(expected: object, actual: object) -> bool:
-    """The comparison `pytest.approx` makes with its default tolerances."""
-
-    def close(a: object, b: object) -> bool:
-        if not isinstance(b, (int, float)) or isinstance(b, bool):
-            return False
-        return math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12)  # type: ignore[arg-type]
-
-    if isinstance(expected, float):
-        return close(expected, actual)
-    if isinstance(expected, dict):
-        return (
-            isinstance(actual, dict)
-            and expected.keys() == actual.keys()
-            and all(close(expected[k], actual[k]) for k in expected)
-        )
-    return (
-        isinstance(actual, type(expected))
-        and len(actual) == len(expected)  # type: ignore[arg-type]
-        and all(close(a, b) for a, b in zip(expected, actual))  # type: ignore[call-overload]
-    )
+    def expected(self) -> Expected:
+        """What a probe test of this outcome must give (kept in the task's secret)."""
+        return Expected(error=self.error) if self.error is not None else Expected(value=repr(self.value))
 
 
 def is_literal(value: object) -> bool:

@@ -4,8 +4,9 @@ A task is drawn from a family (see `families`): the generator picks the buggy un
 function where the bug shows, lays the units out over modules (more modules and a longer call path
 as difficulty rises), evaluates every probe on the fixed and the buggy package, and keeps the
 probes that fail on the bug as hidden tests, together with probes that pass on both (partial credit
-and the visible tests). Everything is drawn from `random.Random` seeded by strings, so the same
-(taskset, seed, difficulty, index) always gives byte-identical files.
+and the visible tests). The hidden tests hold the probes' calls, not their expected values, which stay
+in the task's secret (`crucible.probes`). Everything is drawn from `random.Random` seeded by strings,
+so the same (taskset, seed, difficulty, index) always gives byte-identical files.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import re
 from dataclasses import dataclass
 from random import Random
 
+from crucible.contracts.messages import Expected
 from services.catalog.evaluate import Outcome, is_testable, run_probes
 from services.catalog.families import FAMILIES, Family
 from services.catalog.layout import Placed, Placement, place
@@ -60,6 +62,8 @@ class GeneratedTask:
     """The hidden tests that fail on the bug (node ids)."""
     pass_to_pass: tuple[str, ...]
     """The hidden and visible tests that pass with and without it."""
+    probes: dict[str, Expected]
+    """What each hidden test (a probe) must give, by node id; kept out of the sandbox."""
     split: str
     bug: BugInfo
 
@@ -137,7 +141,8 @@ def _attempt(
     visible_source, visible_names = _tests(p=p, rows=visible, doc=f"Tests for {p.package}.")
     files = _repository(p=p, visible=(visible_path, visible_source), rng=rng)
     fixed_files = files | p.sources(buggy=False)
-    hidden_source, hidden_names = _tests(p=p, rows=hidden_fail + hidden_pass, doc="Acceptance tests.")
+    hidden = hidden_fail + hidden_pass
+    hidden_source, hidden_names = _tests(p=p, rows=hidden, doc="Acceptance tests.", probes=True)
     failing_names = hidden_names[: len(hidden_fail)]
     return GeneratedTask(
         task_id=task_id,
@@ -154,6 +159,7 @@ def _attempt(
             [f"{HIDDEN_TESTS}::{name}" for name in hidden_names[len(hidden_fail) :]]
             + [f"{visible_path}::{name}" for name in visible_names]
         ),
+        probes={f"{HIDDEN_TESTS}::{name}": row.fixed.expected() for name, row in zip(hidden_names, hidden)},
         split=task_split,
         bug=BugInfo(
             kind=p.mutation.kind,
@@ -175,14 +181,15 @@ class _Row:
     buggy: Outcome
 
 
-def _tests(*, p: Placement, rows: list[_Row], doc: str) -> tuple[str, list[str]]:
-    """A test module for `rows` and its test names, in the rows' order."""
+def _tests(*, p: Placement, rows: list[_Row], doc: str, probes: bool = False) -> tuple[str, list[str]]:
+    """A test module for `rows` and its test names, in the rows' order (probes: see `test_source`)."""
     taken: set[str] = set()
     cases = [
         Case(name=test_name(function=r.owner.name, taken=taken), setup=r.setup, expr=r.expr, expected=r.fixed)
         for r in rows
     ]
-    return test_source(doc=doc, package=p.package, exports=p.exports, cases=cases), [c.name for c in cases]
+    source = test_source(doc=doc, package=p.package, exports=p.exports, cases=cases, probes=probes)
+    return source, [c.name for c in cases]
 
 
 def _repository(*, p: Placement, visible: tuple[str, str], rng: Random) -> dict[str, str]:

@@ -6,12 +6,13 @@ from collections.abc import Sequence
 from random import Random
 from typing import Any
 
+import msgspec
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.bus import RequestError
-from crucible.contracts.messages import ObjectRef, TaskReply, TaskSecret, TaskSpec
+from crucible.contracts.messages import Expected, ObjectRef, TaskReply, TaskSecret, TaskSpec
 from crucible.db.models import Task
 
 _UPSERT_BATCH = 200
@@ -29,6 +30,7 @@ ROW_FIELDS = (
     "reference_patch",
     "fail_to_pass",
     "pass_to_pass",
+    "probes",
 )
 
 
@@ -153,4 +155,5 @@ def task_secret(row: Task) -> TaskSecret:
         reference_patch=row.reference_patch,
         fail_to_pass=list(row.fail_to_pass),
         pass_to_pass=list(row.pass_to_pass),
+        probes=msgspec.convert(row.probes or {}, dict[str, Expected]),
     )

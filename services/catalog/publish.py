@@ -14,15 +14,17 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crucible.contracts.keys import taskset_object
+from crucible.contracts.messages import Expected
 from crucible.objectstore import ObjectStore
 from services.catalog.generator import GeneratedTask, generate_taskset
 from services.catalog.index import delete_tasks_except, stored_rows, upsert_tasks
@@ -52,6 +54,8 @@ class TaskRecord:
     reference_patch: str
     fail_to_pass: tuple[str, ...]
     pass_to_pass: tuple[str, ...]
+    probes: Mapping[str, Expected] = field(default_factory=dict)
+    """Generated tasks: what each hidden probe test must give (crucible.probes)."""
 
     def row(self, store: ObjectStore) -> dict[str, Any]:
         return {
@@ -68,6 +72,7 @@ class TaskRecord:
             "reference_patch": self.reference_patch,
             "fail_to_pass": list(self.fail_to_pass),
             "pass_to_pass": list(self.pass_to_pass),
+            "probes": msgspec.to_builtins(dict(self.probes)),
         }
 
 
@@ -164,6 +169,7 @@ def generated_record(task: GeneratedTask) -> TaskRecord:
         reference_patch=task.reference_patch,
         fail_to_pass=task.fail_to_pass,
         pass_to_pass=task.pass_to_pass,
+        probes=task.probes,
     )
 
 

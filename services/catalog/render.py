@@ -8,7 +8,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from services.catalog.evaluate import Outcome, wants_approx
+from crucible.probes import wants_approx
+from services.catalog.evaluate import Outcome
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,13 +38,17 @@ def module_source(
     return "\n\n".join(parts)
 
 
-def test_source(*, doc: str, package: str, exports: Mapping[str, str], cases: Sequence[Case]) -> str:
-    """A pytest file importing the names its cases use from the modules that define them."""
+def test_source(
+    *, doc: str, package: str, exports: Mapping[str, str], cases: Sequence[Case], probes: bool = False
+) -> str:
+    """A pytest file importing the names its cases use from the modules that define them. Each case
+    asserts its expected outcome, or with `probes` (hidden tests) hands its call to the `crucible_probe`
+    fixture and holds no expected value at all (see `crucible.probes`)."""
     used = {word for case in cases for word in re.findall(r"[A-Za-z_]\w*", case.setup + " " + case.expr)}
     by_module: dict[str, list[str]] = {}
     for name in sorted(used & exports.keys()):
         by_module.setdefault(exports[name], []).append(name)
-    needs_pytest = any(
+    needs_pytest = not probes and any(
         line.startswith(("with pytest", "assert")) and "pytest." in line
         for c in cases
         for line in assertion(c.expr, c.expected)
@@ -53,6 +58,11 @@ def test_source(*, doc: str, package: str, exports: Mapping[str, str], cases: Se
         f"from {package}.{module} import {', '.join(names)}" for module, names in sorted(by_module.items())
     ]
     for case in cases:
+        if probes:
+            lines += ["", "", f"def {case.name}(crucible_probe):", "    def call():"]
+            lines += [textwrap.indent(line, "        ") for line in case.setup.splitlines()]
+            lines += [f"        return {case.expr}", "", "    crucible_probe(call)"]
+            continue
         lines += ["", "", f"def {case.name}():"]
         lines += [textwrap.indent(line, "    ") for line in case.setup.splitlines()]
         lines += [f"    {line}" for line in assertion(case.expr, case.expected)]

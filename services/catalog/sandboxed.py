@@ -7,9 +7,12 @@ where the reference patch was applied first, as the grader applies a diff. `veri
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from crucible import pytest_report
 from crucible.clients.sandbox import SandboxClient, SandboxSession
-from crucible.contracts.messages import ObjectRef
+from crucible.contracts.messages import Expected, ObjectRef
+from crucible.probes import judge
 from services.catalog.verify import verdict
 
 
@@ -17,8 +20,15 @@ class SandboxVerifyError(RuntimeError):
     """The tests gave no outcomes (timeout, collection crash); the message says why."""
 
 
-async def listed_outcomes(session: SandboxSession, *, test_command: list[str], timeout_s: float) -> dict[str, str]:
-    """Run the task's test command in the session: test id -> outcome."""
+async def listed_outcomes(
+    session: SandboxSession,
+    *,
+    test_command: list[str],
+    timeout_s: float,
+    probes: Mapping[str, Expected] | None = None,
+) -> dict[str, str]:
+    """Run the task's test command in the session: test id -> outcome, probe tests judged as the grader
+    judges them (`crucible.probes`)."""
     try:
         args = pytest_report.split_command(test_command)
     except ValueError as exc:
@@ -28,7 +38,7 @@ async def listed_outcomes(session: SandboxSession, *, test_command: list[str], t
         raise SandboxVerifyError(f"tests ran past {timeout_s:.0f}s")
     if not run.tests:
         raise SandboxVerifyError(f"no test results ({run.error or 'no tests ran'}): {run.output[-300:]}")
-    return {test.nodeid: test.outcome for test in run.tests}
+    return {test.nodeid: test.outcome for test in judge(run.tests, probes or {})}
 
 
 async def verify_in_sandbox(

@@ -18,7 +18,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
+
 from crucible import pytest_report
+from crucible.contracts.messages import Expected, TestResult
+from crucible.probes import judge
 from services.catalog.generator import GeneratedTask
 
 
@@ -68,9 +72,12 @@ def write_files(*, root: Path, files: Mapping[str, str | bytes]) -> None:
         path.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
 
 
-def run_tests(*, repo: Path, command: Sequence[str], timeout: float) -> dict[str, str]:
+def run_tests(
+    *, repo: Path, command: Sequence[str], timeout: float, probes: Mapping[str, Expected] | None = None
+) -> dict[str, str]:
     """Run a `python -m pytest ...` command in `repo` and return each test's outcome by node id, read
-    from the report pytest itself writes (the same plugin the sandbox's run_tests uses)."""
+    from the report pytest itself writes (the same plugin the sandbox's run_tests uses), with the probe
+    tests judged against their expected outcomes as the grader judges them (`crucible.probes`)."""
     try:
         args = pytest_report.split_command(command)
     except ValueError as exc:
@@ -97,7 +104,11 @@ def run_tests(*, repo: Path, command: Sequence[str], timeout: float) -> dict[str
         report.unlink()
     if not results:
         raise TestRunError(f"no tests ran (exit {proc.returncode}): {proc.stdout[-500:]}")
-    return {str(r["nodeid"]): str(r["outcome"]) for r in results}
+    try:
+        tests = judge([msgspec.convert(r, TestResult) for r in results], probes or {})
+    except msgspec.ValidationError as exc:
+        raise TestRunError(f"unreadable test report: {exc}") from None
+    return {test.nodeid: test.outcome for test in tests}
 
 
 def apply_patch(*, repo: Path, patch: str, timeout: float = 30, what: str = "reference patch") -> None:
@@ -137,9 +148,9 @@ def verify_task(task: GeneratedTask, *, timeout: float = 30) -> VerifyResult:
         repo = Path(tmp) / "repo"
         write_files(root=repo, files={**task.files, **task.hidden_files})
         try:
-            buggy = run_tests(repo=repo, command=command, timeout=timeout)
+            buggy = run_tests(repo=repo, command=command, timeout=timeout, probes=task.probes)
             apply_patch(repo=repo, patch=task.reference_patch)
-            fixed = run_tests(repo=repo, command=command, timeout=timeout)
+            fixed = run_tests(repo=repo, command=command, timeout=timeout, probes=task.probes)
         except TestRunError as exc:
             return result(str(exc))
     return result(

@@ -1,7 +1,9 @@
 """Grading one trajectory: rebuild its final workspace in a fresh sandbox and run the hidden tests.
 
 The per-test outcomes come from the sandbox's `run_tests` tool, which reads them from pytest itself,
-never from the console the code under test can print into.
+never from the console the code under test can print into. A generated task's hidden tests are probes:
+what each call gave is judged here against the expected outcome, which never entered the sandbox
+(`crucible.probes`).
 
 A trajectory that cheats or whose code fails scores 0 (see `reward`): one whose diff touches the tests
 or pytest's configuration (`anticheat`), or adds to the code under test what reaches past the
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import structlog
 
-from crucible import pytest_report
+from crucible import probes, pytest_report
 from crucible.bus import Bus, BusError
 from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts import subjects
@@ -161,7 +163,7 @@ async def run_hidden_tests(
             note=f"no test results ({run.error or 'no tests ran'}): {run.output[-300:]}"[:NOTE_CHARS]
         )
     reward = compute_reward(
-        tests=run.tests,
+        tests=probes.judge(run.tests, secret.probes),
         fail_to_pass=secret.fail_to_pass,
         pass_to_pass=secret.pass_to_pass,
         changed=True,

@@ -71,6 +71,8 @@ class TaskSecret(msgspec.Struct, kw_only=True):
     """Test node ids that fail on the snapshot and pass with the reference patch (SWE-bench's FAIL_TO_PASS)."""
     pass_to_pass: list[str] = msgspec.field(default_factory=list)
     """Test node ids that pass before and after; a fix must not break them (PASS_TO_PASS)."""
+    probes: dict[str, Expected] = msgspec.field(default_factory=dict)
+    """Generated tasks: what each hidden probe test must give, by node id (see `crucible.probes`)."""
 
 
 class SampleRequest(Message, tag="catalog.sample.v1"):
@@ -161,11 +163,30 @@ class Trajectory(Message, tag="trajectory.v1"):
     finished_at: float = 0.0
 
 
+class Probed(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """What a probe test's call gave in the sandbox (see `crucible.probes`): exactly one field is set."""
+
+    value: str | None = None
+    """repr of the value it returned, a Python literal."""
+    raised: str | None = None
+    """The exception's class name (qualified by its module unless a builtin)."""
+    unusable: str = ""
+    """Why what it returned could not be recorded (not a plain literal)."""
+
+
+class Expected(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
+    """What a probe test must give to pass, kept out of the sandbox: a value's repr or a builtin error's name."""
+
+    value: str | None = None
+    error: str | None = None
+
+
 class TestResult(msgspec.Struct, kw_only=True):
     nodeid: str
     outcome: str  # passed | failed | error | skipped
     duration_s: float = 0.0
     message: str = ""  # the assertion or error lines of a test that did not pass
+    probe: Probed | None = None  # a probe test's recorded outcome, judged outside the sandbox
 
 
 class Reward(msgspec.Struct, kw_only=True):

@@ -228,6 +228,8 @@ class Task(Base):
     reference_patch: Mapped[str] = mapped_column(Text)
     fail_to_pass: Mapped[list[Any]] = mapped_column(JSON, default=list)
     pass_to_pass: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    probes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    """Generated tasks: node id -> {value, error}, what each hidden probe test must give (crucible.probes)."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

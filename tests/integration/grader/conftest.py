@@ -7,11 +7,15 @@ these tests' grader consumer away from every other test's streams.
 from __future__ import annotations
 
 import pytest
+import swebench_repos
 
+from crucible.clients.sandbox import SandboxClient
+from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import upgrade_async
 from crucible.localstack.servers import start_nats
 from crucible.runtime import running
 from services.catalog.app import setup as catalog_setup
+from services.catalog.importing import import_swebench
 from services.catalog.settings import Settings as CatalogSettings
 from services.grader.app import setup as grader_setup
 from services.grader.settings import Settings as GraderSettings
@@ -48,3 +52,20 @@ def grader_settings(common_settings, request):
 async def grader(grader_settings, sandbox, catalog):
     async with running("grader", grader_settings, grader_setup) as rt:
         yield rt
+
+
+@pytest.fixture
+async def imported(tmp_path, bus, store, catalog, sandbox):
+    """SWE-bench-format tasks (pytest only, no probes) imported from local git repositories into the catalog's
+    "imported" set, with broken instances among them: (import report, good instances, mirrors)."""
+    mirrors, good = swebench_repos.build(tmp_path)
+    text = swebench_repos.jsonl(good + swebench_repos.broken_instances(good), malformed=True)
+    engine = make_engine(catalog.settings.database_url)
+    try:
+        report = await import_swebench(
+            text=text, repos=mirrors, taskset="imported", split=None, scratch=tmp_path / "scratch",
+            store=store, sessionmaker=make_sessionmaker(engine), sandboxes=SandboxClient(bus), timeout_s=10,
+        )  # fmt: skip
+    finally:
+        await engine.dispose()
+    return report, good, mirrors

@@ -16,27 +16,10 @@ from test_grader import graded_messages, queue_drained, trajectory, wait_for
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts import messages, subjects
 from crucible.contracts.messages import ListRequest, SampleReply, SampleRequest, TaskReply, TaskRequest
-from crucible.db import make_engine, make_sessionmaker
-from services.catalog.importing import import_swebench
 from services.catalog.sandboxed import listed_outcomes
 from services.grader.reward import compute_reward
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-
-
-@pytest.fixture
-async def imported(tmp_path, bus, store, catalog, sandbox):
-    mirrors, good = swebench_repos.build(tmp_path)
-    text = swebench_repos.jsonl(good + swebench_repos.broken_instances(good), malformed=True)
-    engine = make_engine(catalog.settings.database_url)
-    try:
-        report = await import_swebench(
-            text=text, repos=mirrors, taskset="imported", split=None, scratch=tmp_path / "scratch",
-            store=store, sessionmaker=make_sessionmaker(engine), sandboxes=SandboxClient(bus), timeout_s=10,
-        )  # fmt: skip
-    finally:
-        await engine.dispose()
-    return report, good, mirrors
 
 
 async def test_import_verifies_reports_and_serves(imported, bus):
@@ -94,7 +77,9 @@ async def unchanged_repository_scores_zero_on_every_task_under_every_option(bus)
         assert secret is not None
         async with await client.create(run_id="t", task_id=spec.task_id, snapshot=spec.snapshot) as session:
             assert (await session.overlay(secret.hidden_tests)).ok
-            outcomes = await listed_outcomes(session, test_command=secret.test_command, timeout_s=60)
+            outcomes = await listed_outcomes(
+                session, test_command=secret.test_command, timeout_s=60, probes=secret.probes
+            )
         tests = [messages.TestResult(nodeid=k, outcome=v) for k, v in outcomes.items()]
         for options in OPTIONS:
             lists = {"fail_to_pass": secret.fail_to_pass, "pass_to_pass": secret.pass_to_pass, "options": options}

@@ -1,9 +1,13 @@
 """Reward hacking: changes that leave the task's bug unfixed and try to be paid anyway, each graded by
 the real grader (a real catalog task, a real sandbox, the hidden tests under pytest). Every attempt
 scores 0 with its reason; the unchanged repository scores 0; the honest fix scores 1, also with a new
-test module that imports pytest. The report rewrite (and its run-time-named variant) is shown to be
-paid in full by the grader with its tamper scan off, so the scan, not luck, is what stops it. (Forging
-the report at exit is stopped twice: the scan, and the report script leaving through `os._exit`, which
+test module that imports pytest.
+
+With the tamper scan off, a generated task's probes stop the attacks on their own: its hidden tests
+hold no expected value, and what the code gave is judged outside the sandbox (`crucible.probes`). A
+pytest-only task (imported) has no probes, and there the report rewrite (and its run-time-named
+variant) is paid in full without the scan, so the scan, not luck, is what stops it. (Forging the
+report at exit is stopped twice: the scan, and the report script leaving through `os._exit`, which
 runs no exit hook.)"""
 
 from __future__ import annotations
@@ -15,7 +19,8 @@ from grading_task import a_task, trajectory
 
 from crucible.bus import Bus
 from crucible.clients.sandbox import SandboxClient
-from crucible.contracts.messages import Reward, TaskReply
+from crucible.contracts import subjects
+from crucible.contracts.messages import ListRequest, Reward, SampleReply, TaskReply, TaskRequest
 from crucible.contracts.runconfig import RunConfig
 from services.grader.grading import grade
 
@@ -174,13 +179,33 @@ async def test_every_attempt_scores_zero_and_the_honest_fix_one(bus, sandbox, ca
     assert tested.total == 1.0 and tested.resolved, tested
 
 
+REPORT_ATTACKS = ("rewrites pytest's reports at import", "the same, its import name built at run time")
+
+
 @pytest.mark.parametrize("grader_settings", [{"tamper_scan": False}], indirect=True)
-async def test_without_the_scan_the_report_attacks_are_paid(bus, sandbox, catalog, grader_settings):
-    """What the scan is for: these leave the bug in place and are paid in full without it."""
+async def test_without_the_scan_probes_stop_the_attacks_and_pytest_only_tasks_pay(
+    bus, sandbox, catalog, imported, grader_settings
+):
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     task = await a_task(bus, run_id)
+    assert task.secret is not None and set(task.secret.fail_to_pass) <= set(task.secret.probes)
     module = module_of(task)
-    for name in ("rewrites pytest's reports at import", "the same, its import name built at run time"):
+    for name in (*REPORT_ATTACKS, "returns an object equal to anything", "forges the report and exit status at exit"):
         diff = await diff_of(bus, task, run_id, module, APPENDED[name], append=True)
         reward = await graded(bus, task, run_id, diff, grader_settings)
+        assert reward.total == 0.0 and not reward.resolved, (name, reward)
+        failed = {t.nodeid: t.message for t in reward.tests if t.outcome != "passed"}
+        assert set(task.secret.fail_to_pass) <= set(failed), (name, reward.tests)
+    honest = await graded(bus, task, run_id, task.secret.reference_patch, grader_settings)
+    assert honest.total == 1.0 and honest.resolved, honest
+
+    # What the scan is for: on a task without probes these leave the bug in place and are paid in full.
+    listed = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset="imported", split="train"), SampleReply)
+    pytest_only = await bus.request(
+        subjects.CATALOG_GET, TaskRequest(task_id=listed.tasks[0].task_id, include_secret=True), TaskReply
+    )
+    assert pytest_only.secret is not None and not pytest_only.secret.probes
+    for name in REPORT_ATTACKS:
+        diff = await diff_of(bus, pytest_only, run_id, module_of(pytest_only), APPENDED[name], append=True)
+        reward = await graded(bus, pytest_only, run_id, diff, grader_settings)
         assert reward.total == 1.0 and reward.resolved, (name, reward)

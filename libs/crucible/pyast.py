@@ -1,7 +1,8 @@
 """Python ASTs built one at a time. CPython 3.11 keeps the AST constructor's recursion depth per
 interpreter, not per thread, so two threads parsing at once can fail with "SystemError: AST constructor
 recursion depth mismatch" (python/cpython#106905). The catalog generates and synthesizes tasks on
-worker threads: every AST it builds goes through here."""
+worker threads, and the probes of its generated tasks are read back while it verifies them: every AST
+they build goes through here."""
 
 from __future__ import annotations
 
