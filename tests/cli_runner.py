@@ -26,6 +26,8 @@ def settings_env(settings) -> dict[str, str]:  # noqa: ANN001 - any pydantic set
 
     env = dict(os.environ)
     for name, value in settings.model_dump(mode="json").items():
+        if value is None:  # unset: the setting's default
+            continue
         env[f"CRUCIBLE_{name.upper()}"] = value if isinstance(value, str) else json.dumps(value)
     return env
 

@@ -45,5 +45,5 @@ async def a_task(bus: Bus, run_id: str) -> TaskReply:
     sampled = await bus.request(
         subjects.CATALOG_SAMPLE, SampleRequest(run_id=run_id, taskset="pybugs", count=1), SampleReply
     )
-    request = TaskRequest(task_id=sampled.tasks[0].task_id, include_secret=True)
-    return await bus.request(subjects.CATALOG_GET, request, TaskReply)
+    request = TaskRequest(task_id=sampled.tasks[0].task_id)
+    return await bus.request(subjects.CATALOG_SECRET, request, TaskReply)

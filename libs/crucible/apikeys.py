@@ -7,25 +7,22 @@ digest useless to whoever reads the table; comparing digests is constant-time.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import hmac
 import os
 import re
 import secrets
-from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from crucible.aio import run_sync
 from crucible.db.models import ApiKey, utcnow
 
-T = TypeVar("T")
 Scope = Literal["read", "write", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "write", "admin")
 KEY_FILE = "api-key"
@@ -105,16 +102,6 @@ def write_key_file(path: Path, token: str) -> None:
     path.chmod(0o600)
 
 
-def _in_a_loop(work: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run `work` to completion, also from inside a running event loop (in a thread with its own)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(work())
-    with ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(work())).result()
-
-
 def make_key(database_url: str, *, scope: Scope = "admin", name: str = "local", reuse: Path | None = None) -> str:
     """A token of a new key in the database at `database_url`; with `reuse`, the token in that file
     instead when it is a live key of this scope there."""
@@ -133,7 +120,7 @@ def make_key(database_url: str, *, scope: Scope = "admin", name: str = "local", 
         finally:
             await engine.dispose()
 
-    return _in_a_loop(work)
+    return run_sync(work)
 
 
 def ensure_key_file(database_url: str, path: Path, *, scope: Scope = "admin", name: str = "local") -> str:

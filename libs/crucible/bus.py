@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from prometheus_client import Counter, Histogram
 
-from crucible.contracts import ContractError, decode, encode, subjects
+from crucible.contracts import ContractError, access, decode, encode, subjects
 from crucible.contracts.keys import bus_claim_prefix
 from crucible.contracts.messages import DeadLetter, Message, ObjectRef
 from crucible.objectstore import IntegrityError, ObjectNotFound, ObjectStore
@@ -49,6 +50,7 @@ CONNECT_ATTEMPTS = 5
 NO_RESPONDERS_GRACE_S = 0.5
 HOLD_BEAT_S = 5.0
 """Ack-deadline extension while a message is held through an outage: well under any consumer's ack wait."""
+_VIOLATION = re.compile(r'permissions violation for (?:publish|subscription) to "(?P<subject>[^"]+)"', re.IGNORECASE)
 TRANSIENT_CODES = frozenset({"busy", "shutting_down", "unavailable"})
 """Error codes of a reply that say the service cannot do it now, not that the request is wrong."""
 
@@ -68,6 +70,11 @@ class BusError(RuntimeError):
 
 class BusUnavailable(BusError, Unavailable):
     """The server, or the service asked, cannot be reached now."""
+
+
+class BusRefused(BusError):
+    """The server refused this identity the subject (`crucible.contracts.access`): a bug or a forgery, not
+    an outage, so nothing waits it out."""
 
 
 class BusTimeout(BusUnavailable):
@@ -180,12 +187,25 @@ class Bus:
         self.store = store
         self.name = name
         self.claim_check_bytes = claim_check_bytes
+        self.refused: dict[str, str] = {}
+        """Subjects the server refused this connection (lower-case), with its words."""
 
     @classmethod
     async def connect(cls, settings: CommonSettings, *, store: ObjectStore | None = None, name: str) -> Bus:
+        """Connect as this service's bus identity when `settings.nats_nkey_file` names its seed (see
+        `crucible.identities`); its replies arrive under its own inbox prefix, which only it may read."""
+        refused: dict[str, str] = {}
+        denied: list[str] = []
+
         async def on_error(exc: Exception) -> None:
+            if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
+                denied.append(str(exc))
+            found = _VIOLATION.search(str(exc))
+            if found:  # the server refused a publish or subscription: remembered for the call that made it
+                refused[found["subject"].lower()] = str(exc)
             log.warning("nats error", error=str(exc))
 
+        credentials = {"nkeys_seed": str(settings.nats_nkey_file)} if settings.nats_nkey_file else {}
         try:
             # A few attempts to come up; once connected, reconnect for as long as it takes.
             nc = await nats.connect(
@@ -195,19 +215,50 @@ class Bus:
                 max_reconnect_attempts=CONNECT_ATTEMPTS,
                 reconnect_time_wait=1,
                 error_cb=on_error,
+                inbox_prefix=access.inbox_prefix(name),
+                **credentials,
             )
         except Exception as exc:  # nats raises several unrelated types for an unreachable server
+            if denied:
+                who = f"the identity in {settings.nats_nkey_file}" if settings.nats_nkey_file else "no identity"
+                raise BusError(
+                    f"NATS at {settings.nats_url} refused {who} (Authorization Violation): a server that admits "
+                    "only bus identities needs this service's seed in CRUCIBLE_NATS_NKEY_FILE"
+                ) from exc
             raise BusError(f"cannot connect to NATS at {settings.nats_url}: {exc}") from exc
         nc.options["max_reconnect_attempts"] = -1
-        return cls(nc, store=store, name=name, claim_check_bytes=settings.claim_check_bytes)
+        bus = cls(nc, store=store, name=name, claim_check_bytes=settings.claim_check_bytes)
+        bus.refused = refused
+        return bus
+
+    def _failure(self, subject: str, unavailable: BusUnavailable) -> BusError:
+        """What a call on `subject` that got no answer means: the server refused this identity the subject
+        (`BusRefused`, not an outage to wait out), or it is `unavailable`."""
+        reason = self.refused.get(subject.lower())
+        if reason is not None:
+            return BusRefused(f"the NATS server refused {subject} to this identity ({self.name}): {reason}")
+        return unavailable
 
     async def ensure_streams(self) -> None:
+        """Create each stream of `subjects.STREAMS` that is missing, and bring one that differs to this
+        version's configuration. Changing a stream is the operator's right alone (`crucible.contracts.access`):
+        a service the server refuses it logs the difference and goes on with the stream as it is."""
         for stream in subjects.STREAMS.values():
             config = _stream_config(stream)
             try:
                 await self.js.add_stream(config)
             except nats.js.errors.BadRequestError:
-                await self.js.update_stream(config)
+                try:
+                    await self.js.update_stream(config)
+                except (nats.errors.TimeoutError, TimeoutError) as exc:
+                    update = f"$JS.API.STREAM.UPDATE.{stream.name}"
+                    failure = self._failure(update, BusUnavailable(f"updating stream {stream.name} timed out"))
+                    if not isinstance(failure, BusRefused):
+                        raise failure from exc
+                    log.warning(
+                        "stream differs from this version's configuration; the operator's identity updates it "
+                        "(crucible up, or crucible bus setup)", stream=stream.name,
+                    )  # fmt: skip
 
     async def close(self) -> None:
         if self.nc.is_connected:
@@ -255,7 +306,8 @@ class Bus:
         try:
             ack = await self.js.publish(subject, data, headers=headers or None, timeout=10)
         except (nats.errors.Error, TimeoutError) as exc:
-            raise BusUnavailable(f"publish on {subject} failed: {type(exc).__name__}: {exc}") from exc
+            failed = BusUnavailable(f"publish on {subject} failed: {type(exc).__name__}: {exc}")
+            raise self._failure(subject, failed) from exc
         return not ack.duplicate
 
     async def consume(
@@ -460,7 +512,8 @@ class Bus:
         except nats.js.errors.NotFoundError:
             return None
         except (nats.errors.Error, TimeoutError) as exc:
-            raise BusUnavailable(f"reading the newest message on {subject} failed: {type(exc).__name__}: {exc}") from exc
+            failed = BusUnavailable(f"reading the newest message on {subject} failed: {type(exc).__name__}: {exc}")
+            raise self._failure(f"$JS.API.STREAM.MSG.GET.{stream}", failed) from exc
         return await self._unpack(raw.data or b"", dict(raw.headers or {}), type_)
 
     async def watch(
@@ -504,7 +557,7 @@ class Bus:
                 await asyncio.sleep(pause)
                 pause *= 2
             except nats.errors.TimeoutError as exc:
-                raise BusTimeout(f"no reply on {subject} within {timeout:.1f}s") from exc
+                raise self._failure(subject, BusTimeout(f"no reply on {subject} within {timeout:.1f}s")) from exc
         reply_headers = dict(reply.headers or {})
         if reply_headers.get(ERROR_HEADER):
             err = msgspec.msgpack.decode(reply.data, type=_ErrorReply)
@@ -562,4 +615,7 @@ class Bus:
         except nats.errors.TimeoutError as exc:
             # Reconnecting: the client re-subscribes once it is back.
             log.warning("subscription not confirmed by the server yet", subject=subject, error=repr(exc))
+        if subject.lower() in self.refused:  # a refusal that arrived by now; a later one is only logged
+            await sub.unsubscribe()
+            raise BusRefused(f"the NATS server refused this identity ({self.name}) to serve {subject}")
         return sub

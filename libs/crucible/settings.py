@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -15,6 +16,9 @@ class CommonSettings(BaseSettings):
 
     nats_url: str = "nats://127.0.0.1:4222"
     """NATS server with JetStream enabled."""
+    nats_nkey_file: Path | None = None
+    """This service's bus identity: a file holding its NKey seed (`crucible.identities`). None connects
+    without one, to a server that asks for none."""
     s3_endpoint: str = "127.0.0.1:8333"
     """S3 API endpoint, host:port (MinIO, SeaweedFS or any S3 server)."""
     s3_access_key: str = "crucible"

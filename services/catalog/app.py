@@ -92,11 +92,14 @@ async def setup(rt: Runtime[Settings]) -> None:
 
     async def get(request: TaskRequest) -> TaskReply:
         async with sessionmaker() as session:
-            return await get_task(
-                session=session, task_id=request.task_id, include_secret=request.include_secret
-            )
+            return await get_task(session=session, task_id=request.task_id, include_secret=False)
+
+    async def get_secret(request: TaskRequest) -> TaskReply:
+        async with sessionmaker() as session:
+            return await get_task(session=session, task_id=request.task_id, include_secret=True)
 
     await rt.bus.serve(subjects.CATALOG_SAMPLE, sample, SampleRequest, queue=subjects.CATALOG_QUEUE)
     await rt.bus.serve(subjects.CATALOG_GET, get, TaskRequest, queue=subjects.CATALOG_QUEUE)
+    await rt.bus.serve(subjects.CATALOG_SECRET, get_secret, TaskRequest, queue=subjects.CATALOG_QUEUE)
     await rt.bus.serve(subjects.CATALOG_LIST, list_split, ListRequest, queue=subjects.CATALOG_QUEUE)
     await rt.bus.serve(subjects.CATALOG_DESCRIBE, describe, DescribeRequest, queue=subjects.CATALOG_QUEUE)

@@ -63,8 +63,8 @@ class RunConfigs:
 
 
 async def grade(*, bus: Bus, trajectory: Trajectory, config: RunConfig, settings: Settings) -> Reward:
-    request = TaskRequest(task_id=trajectory.task_id, include_secret=True)
-    task = await bus.request(subjects.CATALOG_GET, request, TaskReply, timeout=settings.catalog_timeout_s)
+    request = TaskRequest(task_id=trajectory.task_id)
+    task = await bus.request(subjects.CATALOG_SECRET, request, TaskReply, timeout=settings.catalog_timeout_s)
     if task.secret is None or not task.secret.test_command:
         raise GradingInfraError(f"catalog sent task {trajectory.task_id} without its secret or test command")
     if not trajectory.final_diff.strip():

@@ -90,7 +90,7 @@ async def render(
         async with slots:
             try:
                 reply = await rt.bus.request(
-                    subjects.CATALOG_GET, TaskRequest(task_id=task.task_id, include_secret=True), TaskReply, timeout=30
+                    subjects.CATALOG_SECRET, TaskRequest(task_id=task.task_id), TaskReply, timeout=30
                 )
                 if reply.secret is None:
                     raise DemonstrationError("the catalog sent no reference patch")

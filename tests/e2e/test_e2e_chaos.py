@@ -144,7 +144,7 @@ async def not_ready(http: httpx.AsyncClient, stack: LocalStack, service: str) ->
 
 async def test_every_service_killed_and_every_server_restarted_mid_run_loses_nothing(tmp_path):
     async with LocalStack(api_port=0, state_dir=tmp_path / "stack", service_env=SERVICE_ENV) as stack:
-        nc = await nats.connect(stack.settings_env["CRUCIBLE_NATS_URL"], max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+        nc = await nats.connect(**stack.nats_options, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
         http = httpx.AsyncClient(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
         try:
             created = await http.post("/v1/runs", json={"name": "chaos", "config": CONFIG})

@@ -46,8 +46,8 @@ def wait_for(predicate, *, timeout: float, what: str, stack: LocalStack):
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
-async def stream_state(nats_url: str, run_id: str) -> dict[str, int]:
-    nc = await nats.connect(nats_url)
+async def stream_state(stack: LocalStack, run_id: str) -> dict[str, int]:
+    nc = await nats.connect(**stack.nats_options)
     try:
         js = nc.jetstream()
         rollouts = await js.stream_info(subjects.ROLLOUTS)
@@ -62,8 +62,9 @@ async def stream_state(nats_url: str, run_id: str) -> dict[str, int]:
         await nc.close()
 
 
-async def publish_raw(nats_url: str, subject: str, data: bytes) -> None:
-    nc = await nats.connect(nats_url)
+async def publish_raw(stack: LocalStack, subject: str, data: bytes) -> None:
+    """As the operator: a malformed message only a service's bug (or a replayed dead letter) would send."""
+    nc = await nats.connect(**stack.nats_options)
     try:
         await nc.jetstream().publish(subject, data)
     finally:
@@ -73,7 +74,6 @@ async def publish_raw(nats_url: str, subject: str, data: bytes) -> None:
 def test_short_run_through_every_service(tmp_path):
     with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
         client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
-        nats_url = stack.settings_env["CRUCIBLE_NATS_URL"]
 
         bad = {"schedule": {"group_size": 0}, "model": {"precision": "fp4"}}
         bad = client.post("/v1/runs", json={"name": "bad", "config": bad})
@@ -87,7 +87,7 @@ def test_short_run_through_every_service(tmp_path):
 
         # Mid-run: a malformed message on the grader's stream.
         wait_for(lambda: pages(client, f"/v1/runs/{run_id}/trajectories"), timeout=300, what="a graded trajectory", stack=stack)
-        asyncio.run(publish_raw(nats_url, subjects.rollouts(run_id), b"\x93not a trajectory"))
+        asyncio.run(publish_raw(stack, subjects.rollouts(run_id), b"\x93not a trajectory"))
 
         run = wait_for(
             lambda: (r := client.get(f"/v1/runs/{run_id}").json())["status"] in ("finished", "failed") and r,
@@ -99,7 +99,7 @@ def test_short_run_through_every_service(tmp_path):
         schedule = CONFIG["schedule"]
         expected = (schedule["max_steps"] + 1) * schedule["groups_per_step"] * schedule["group_size"]
         state = wait_for(
-            lambda: (s := asyncio.run(stream_state(nats_url, run_id)))["rollouts_left"] == 0
+            lambda: (s := asyncio.run(stream_state(stack, run_id)))["rollouts_left"] == 0
             and s["graded"] >= expected and s,
             timeout=180, what="every trajectory graded", stack=stack,
         )

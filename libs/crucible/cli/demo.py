@@ -195,6 +195,7 @@ def _summary(*, client, run_id: str, stack, elapsed: float) -> dict[str, Any]:
         "api_url": stack.api_url,
         "bus_url": stack.settings_env["CRUCIBLE_NATS_URL"],
         "api_key_file": str(stack.api_key_file),
+        "bus_nkey_file": stack.settings_env.get("CRUCIBLE_NATS_NKEY_FILE"),
         "dashboard_url": f"{stack.api_url}/runs/{run_id}",
         "status": run["status"],
         "steps": len(steps),

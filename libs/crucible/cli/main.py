@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "crucible.cli.model",
     "crucible.cli.serve",
     "crucible.cli.deadletters",
+    "crucible.cli.bus",
     "services.sandbox.cli",
     "services.catalog.cli",
 )

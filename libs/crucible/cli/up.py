@@ -79,6 +79,9 @@ def up(
                 console.print(f"admin API key: {stack.api_key_file} (export CRUCIBLE_API_KEY_FILE={stack.api_key_file})",
                               markup=False, highlight=False)  # fmt: skip
                 console.print(f"dashboard: {stack.login_url()}", markup=False, highlight=False)
+            if seed := stack.settings_env.get("CRUCIBLE_NATS_NKEY_FILE"):
+                console.print(f"operator's bus identity: {seed} (export CRUCIBLE_NATS_NKEY_FILE={seed})",
+                              markup=False, highlight=False)  # fmt: skip
             _supervise(stack, console)
         except KeyboardInterrupt:
             pass

@@ -108,8 +108,9 @@ class SampleReply(Message, tag="catalog.sample_reply.v1"):
 
 
 class TaskRequest(Message, tag="catalog.get.v1"):
+    """A task by id: on `catalog.get` its spec, on `catalog.secret` its secret too."""
+
     task_id: str
-    include_secret: bool = False
 
 
 class TaskReply(Message, tag="catalog.get_reply.v1"):

@@ -13,6 +13,9 @@ from typing import Literal
 # Request/reply (core NATS, queue groups).
 CATALOG_SAMPLE = "catalog.sample"
 CATALOG_GET = "catalog.get"
+CATALOG_SECRET = "catalog.secret"
+"""A task with its secret (hidden tests, reference patch, expected outcomes): the grader's and the trainer's
+only (`crucible.contracts.access`); `catalog.get` never gives it."""
 CATALOG_LIST = "catalog.list"
 CATALOG_DESCRIBE = "catalog.describe"
 SANDBOX_CREATE = "sandbox.create"

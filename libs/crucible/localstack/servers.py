@@ -74,9 +74,13 @@ class Server:
 
 
 @_retry_on_port_clash
-def start_nats(*, state_dir: Path, port: int | None = None, timeout_s: float = 30.0) -> Server:
+def start_nats(
+    *, state_dir: Path, port: int | None = None, identities: Path | None = None, timeout_s: float = 30.0
+) -> Server:
     """nats-server with JetStream, its storage under `state_dir`; on `port`, to restart a server where
-    its clients reconnect (with the same `state_dir` it keeps its streams), or on a free port."""
+    its clients reconnect (with the same `state_dir` it keeps its streams), or on a free port. With
+    `identities`, a folder of bus identities (`crucible.identities`, made there if missing), the server
+    admits only them, each with its permissions."""
     home = _home(state_dir, "nats")
     if port is None:
         (port,) = free_ports(count=1)
@@ -90,6 +94,10 @@ def start_nats(*, state_dir: Path, port: int | None = None, timeout_s: float = 3
         "-sd",
         home / "jetstream",
     ]
+    if identities is not None:
+        from crucible.identities import write_server_config
+
+        argv += ["-c", write_server_config(identities)]
     server = _launch("nats", argv, home=home, port=port, url=f"nats://{LOOPBACK}:{port}")
     _wait_ready(server, probe=lambda: jetstream_ready(port=port), timeout_s=timeout_s)
     return server

@@ -20,7 +20,10 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
+from crucible.aio import run_sync
 from crucible.apikeys import KEY_FILE, ensure_key_file
+from crucible.contracts.access import ADMIN
+from crucible.identities import seed_file
 from crucible.localstack.migrations import check_database_url, run_migrations
 from crucible.localstack.processes import LOOPBACK, free_ports, stop_processes
 from crucible.localstack.servers import Server, start_nats, start_redis, start_seaweedfs
@@ -28,6 +31,8 @@ from crucible.localstack.services import SERVICES, ServiceProcess, wait_all_read
 from crucible.settings import CommonSettings
 
 USES_DATABASE = frozenset({"catalog", "api"})
+IDENTITIES_DIR = "bus"
+"""Under the state dir: the bus identities' seeds and the server's authorization."""
 _DEFAULTS = CommonSettings.model_fields
 
 
@@ -81,11 +86,14 @@ class LocalStack:
         self.servers: dict[str, Server] = {}
         self.services: dict[str, ServiceProcess] = {}
         self.settings_env: dict[str, str] = {}
-        """The CRUCIBLE_* settings every service gets (servers, keys, bucket), for CommonSettings."""
+        """The CRUCIBLE_* settings of this stack (servers, keys, bucket, the operator's bus identity), for
+        CommonSettings; each service gets them with its own bus identity instead of the operator's."""
         self.api_url = ""
         self.api_key = ""
         """An admin key for the api (also in `api_key_file`); the same across restarts on one state dir."""
         self.api_key_file: Path | None = None
+        self.identities: Path | None = None
+        """The folder of bus identities, when the stack runs its own NATS (else None: the given server's rules)."""
         self._started = False
         self._dead_servers: set[str] = set()
 
@@ -114,6 +122,8 @@ class LocalStack:
                 self.state_dir = Path(tempfile.mkdtemp(prefix="crucible-stack-"))
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self._start_servers()
+            if self.identities is not None:
+                self._setup_streams()
             database_url = self.settings_env["CRUCIBLE_DATABASE_URL"]
             if USES_DATABASE & set(self.service_names):
                 run_migrations(database_url=database_url, env=self._env)
@@ -129,8 +139,11 @@ class LocalStack:
     def _start_servers(self) -> None:
         assert self.state_dir is not None
         urls = dict(self._urls)
+        operator: dict[str, str] = {}
         if urls["nats"] is None:
-            urls["nats"] = self._add_server(start_nats(state_dir=self.state_dir)).url
+            self.identities = self.state_dir / IDENTITIES_DIR
+            urls["nats"] = self._add_server(start_nats(state_dir=self.state_dir, identities=self.identities)).url
+            operator["CRUCIBLE_NATS_NKEY_FILE"] = str(seed_file(self.identities, ADMIN))
         if urls["redis"] is None:
             urls["redis"] = self._add_server(start_redis(state_dir=self.state_dir)).url
         if urls["s3"] is None:
@@ -149,8 +162,27 @@ class LocalStack:
             "CRUCIBLE_S3_BUCKET": self._s3["bucket"],
             "CRUCIBLE_DATABASE_URL": urls["database"],
             "CRUCIBLE_REDIS_URL": urls["redis"],
+            **operator,
             **{k: v for k, v in self._env.items() if k.startswith("CRUCIBLE_")},
         }
+
+    def _setup_streams(self) -> None:
+        """The streams as this version configures them, set up as the operator: services may only create
+        a missing one (`crucible.contracts.access`)."""
+        from crucible.bus import Bus
+
+        settings = CommonSettings(
+            nats_url=self.settings_env["CRUCIBLE_NATS_URL"], nats_nkey_file=self.settings_env["CRUCIBLE_NATS_NKEY_FILE"]
+        )
+
+        async def work() -> None:
+            bus = await Bus.connect(settings, name=ADMIN)
+            try:
+                await bus.ensure_streams()
+            finally:
+                await bus.close()
+
+        run_sync(work)
 
     def _add_server(self, server: Server) -> Server:
         self.servers[server.name] = server
@@ -171,6 +203,8 @@ class LocalStack:
         }
         for name, http_port in zip(self.service_names, ports, strict=False):
             env = {**base_env, "CRUCIBLE_HTTP_PORT": str(http_port)}
+            if self.identities is not None:
+                env["CRUCIBLE_NATS_NKEY_FILE"] = str(seed_file(self.identities, name))
             if name == "api":
                 env["CRUCIBLE_API_PORT"] = str(api_port)
                 env.setdefault("CRUCIBLE_TRACKING_DIR", str(self.state_dir / "tracking"))
@@ -192,6 +226,12 @@ class LocalStack:
     def api_headers(self) -> dict[str, str]:
         """Headers that carry the stack's admin key."""
         return {"Authorization": f"Bearer {self.api_key}"}
+
+    @property
+    def nats_options(self) -> dict[str, str]:
+        """`nats.connect(**stack.nats_options)`: the stack's NATS, as the operator where it has identities."""
+        seed = self.settings_env.get("CRUCIBLE_NATS_NKEY_FILE")
+        return {"servers": self.settings_env["CRUCIBLE_NATS_URL"], **({"nkeys_seed": seed} if seed else {})}
 
     def login_url(self, path: str = "/") -> str:
         """A dashboard URL that logs a browser in with the stack's key and goes on to `path`."""
@@ -231,7 +271,7 @@ class LocalStack:
         old = self._server(name)
         assert self.state_dir is not None
         if name == "nats":
-            new = start_nats(state_dir=self.state_dir, port=old.port)
+            new = start_nats(state_dir=self.state_dir, port=old.port, identities=self.identities)
         elif name == "redis":
             new = start_redis(state_dir=self.state_dir, port=old.port)
         else:

@@ -42,7 +42,7 @@ async def test_sample_and_get_over_the_bus(bus, store):
     public = await bus.request(subjects.CATALOG_GET, TaskRequest(task_id=spec.task_id), TaskReply, timeout=10)
     assert public.secret is None and public.task == spec
     full = await bus.request(
-        subjects.CATALOG_GET, TaskRequest(task_id=spec.task_id, include_secret=True), TaskReply, timeout=10
+        subjects.CATALOG_SECRET, TaskRequest(task_id=spec.task_id), TaskReply, timeout=10
     )
     assert full.secret is not None and HIDDEN_TESTS in full.secret.test_command
     assert full.secret.fail_to_pass and all(t.startswith(HIDDEN_TESTS) for t in full.secret.fail_to_pass)

@@ -48,7 +48,7 @@ async def test_import_verifies_reports_and_serves(imported, bus):
 async def test_imported_tasks_grade_like_generated_ones(imported, bus, grader):
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     listed = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset="imported", split="train"), SampleReply)
-    reply = await bus.request(subjects.CATALOG_GET, TaskRequest(task_id=listed.tasks[0].task_id, include_secret=True), TaskReply)
+    reply = await bus.request(subjects.CATALOG_SECRET, TaskRequest(task_id=listed.tasks[0].task_id), TaskReply)
     assert reply.secret is not None
     fixed = trajectory(run_id=run_id, task=reply, diff=reply.secret.reference_patch)
     idle = trajectory(run_id=run_id, task=reply, diff="")
@@ -72,7 +72,7 @@ async def unchanged_repository_scores_zero_on_every_task_under_every_option(bus)
     assert len(tasks) == 6
     client = SandboxClient(bus)
     for spec in tasks:
-        reply = await bus.request(subjects.CATALOG_GET, TaskRequest(task_id=spec.task_id, include_secret=True), TaskReply)
+        reply = await bus.request(subjects.CATALOG_SECRET, TaskRequest(task_id=spec.task_id), TaskReply)
         secret = reply.secret
         assert secret is not None
         async with await client.create(run_id="t", task_id=spec.task_id, snapshot=spec.snapshot) as session:

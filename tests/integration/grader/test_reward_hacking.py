@@ -202,7 +202,7 @@ async def test_without_the_scan_probes_stop_the_attacks_and_pytest_only_tasks_pa
     # What the scan is for: on a task without probes these leave the bug in place and are paid in full.
     listed = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset="imported", split="train"), SampleReply)
     pytest_only = await bus.request(
-        subjects.CATALOG_GET, TaskRequest(task_id=listed.tasks[0].task_id, include_secret=True), TaskReply
+        subjects.CATALOG_SECRET, TaskRequest(task_id=listed.tasks[0].task_id), TaskReply
     )
     assert pytest_only.secret is not None and not pytest_only.secret.probes
     for name in REPORT_ATTACKS:

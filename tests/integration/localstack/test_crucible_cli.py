@@ -198,3 +198,27 @@ def test_keys_are_made_listed_and_revoked_in_the_database(tmp_path: Path) -> Non
     assert unknown.returncode == 1 and "no key nope" in unknown.stderr
     bad = crucible("keys", "create", "--scope", "root", "--url", url)
     assert bad.returncode == 2 and "one of read, write, admin" in bad.stderr
+
+
+def test_bus_identities_are_kept_and_the_operator_sets_up_the_streams(tmp_path: Path) -> None:
+    from crucible.identities import SERVER_CONFIG, seed_file
+    from crucible.localstack.servers import start_nats
+
+    folder = tmp_path / "bus"
+    first = crucible("bus", "identities", str(folder))
+    assert first.returncode == 0, first.stderr
+    again = crucible("bus", "identities", str(folder))
+    assert again.stdout == first.stdout  # the same seeds and public keys: nothing made anew
+    grader = seed_file(folder, "grader")
+    assert grader.stat().st_mode & 0o777 == 0o600 and grader.read_text().strip() not in first.stdout
+    assert (folder / SERVER_CONFIG).is_file()
+
+    server = start_nats(state_dir=tmp_path, identities=folder)
+    try:
+        anonymous = crucible("bus", "setup", env={"CRUCIBLE_NATS_URL": server.url})
+        assert anonymous.returncode == 2 and "refused no identity" in anonymous.stderr, anonymous.stderr
+        operator = {"CRUCIBLE_NATS_URL": server.url, "CRUCIBLE_NATS_NKEY_FILE": str(seed_file(folder, "admin"))}
+        done = crucible("bus", "setup", env=operator)
+        assert done.returncode == 0 and "streams ready" in done.stdout, done.stderr
+    finally:
+        server.stop()

@@ -126,7 +126,7 @@ async def test_a_published_version_exports_to_a_directory_transformers_loads(com
             await asyncio.sleep(0.1)
         else:
             pytest.fail("the run did not finish")
-        env = {f"CRUCIBLE_{k.upper()}": str(v) for k, v in settings.model_dump().items()}
+        env = {f"CRUCIBLE_{k.upper()}": str(v) for k, v in settings.model_dump().items() if v is not None}
         out = tmp_path / "hf"
         done = await asyncio.to_thread(
             crucible, "model", "export", "--run", run_id, "--version", "1", "--out", str(out), env=env

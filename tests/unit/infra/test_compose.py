@@ -91,7 +91,7 @@ def test_nats_runs_jetstream_config_and_health_checks_its_monitoring_port(
     compose: dict[str, Any], repo
 ) -> None:
     nats = compose["services"]["nats"]
-    mounts = {m.split(":")[1]: m.split(":")[0] for m in nats["volumes"] if m.startswith("./")}
+    mounts = {m.split(":")[1]: m.split(":")[0] for m in nats["volumes"] if isinstance(m, str) and m.startswith("./")}
     config_path = nats["command"][nats["command"].index("--config") + 1]
     assert (repo / mounts[config_path]).is_file()
     config = (repo / mounts[config_path]).read_text()
@@ -168,3 +168,32 @@ def test_database_url_matches_postgres_credentials(compose: dict[str, Any], inte
     url = interpolate(compose["services"]["api"]["environment"]["CRUCIBLE_DATABASE_URL"])
     credentials = f"{pg['POSTGRES_USER']}:{pg['POSTGRES_PASSWORD']}"
     assert url == f"postgresql+asyncpg://{credentials}@postgres:5432/{pg['POSTGRES_DB']}"
+
+
+def identity_mounts(svc: dict[str, Any]) -> list[tuple[str, str]]:
+    """(target, subpath) of each read-only mount of the bus-identities volume."""
+    return [
+        (m["target"], m["volume"]["subpath"])
+        for m in svc.get("volumes", [])
+        if isinstance(m, dict) and m.get("source") == "bus-identities" and m.get("read_only")
+    ]
+
+
+@pytest.mark.parametrize(
+    "service", ["catalog", "sandbox", "rollout", "grader", "trainer", "checkpoints", "api"]
+)
+def test_each_service_mounts_its_own_bus_identity_and_no_other(compose: dict[str, Any], service: str) -> None:
+    svc = compose["services"][service]
+    assert identity_mounts(svc) == [("/run/crucible/bus", service)]
+    assert svc["environment"]["CRUCIBLE_NATS_NKEY_FILE"] == "/run/crucible/bus/seed.nk"
+    assert svc["depends_on"]["bus-setup"]["condition"] == "service_completed_successfully"
+
+
+def test_nats_admits_only_the_bus_identities_and_sees_no_seed(compose: dict[str, Any], repo) -> None:
+    services = compose["services"]
+    assert services["bus-identities"]["command"][:3] == ["crucible", "bus", "identities"]
+    assert identity_mounts(services["nats"]) == [("/etc/nats/bus", "server")]
+    assert services["nats"]["depends_on"]["bus-identities"]["condition"] == "service_completed_successfully"
+    assert 'include "bus/auth.conf"' in (repo / "infra" / "nats" / "nats.conf").read_text()
+    assert identity_mounts(services["bus-setup"]) == [("/run/crucible/bus", "admin")]
+    assert services["bus-setup"]["command"] == ["crucible", "bus", "setup"]

