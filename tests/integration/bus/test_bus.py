@@ -110,23 +110,26 @@ async def test_unacked_message_is_redelivered_to_the_same_durable(bus, run):
 @pytest.mark.parametrize("keep_alive", [True, False])
 async def test_keep_alive_holds_a_message_through_work_longer_than_the_ack_wait(bus, run, keep_alive):
     """Two consumers share a durable; the first works 2.5 s on a message whose ack wait is 1 s. Kept
-    alive, the message is not handed to the second meanwhile; without it, it is (the control)."""
+    alive, the message is not handed to the second meanwhile; without it, it is (the control, whose work
+    lasts until the second has it)."""
     durable = f"keep-alive-{keep_alive}-{run}"
     await bus.publish(subjects.events(run, durable), event(durable))
     seen: list[int] = []
     done = asyncio.Event()
+    redelivered = asyncio.Event()
 
     async def slow(message: Note, delivery) -> None:
         if message.kind != durable:
             return
         seen.append(delivery.attempt)
         if delivery.attempt > 1:
+            redelivered.set()
             return
         if keep_alive:
             async with delivery.keep_alive(every_s=0.3):
-                await asyncio.sleep(2.5)  # the work itself
-        else:
-            await asyncio.sleep(2.5)
+                await asyncio.sleep(2.5)  # the work itself, 2.5 ack waits long
+        else:  # the control: work that outlasts the ack wait until the message is handed on
+            await asyncio.wait_for(redelivered.wait(), timeout=20)
         done.set()
 
     stop = asyncio.Event()
