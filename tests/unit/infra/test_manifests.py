@@ -64,10 +64,13 @@ def test_kubernetes_config_names_settings_fields(repo: Path, settings_from_env, 
     assert settings.nats_url.startswith("nats://")
 
 
-def test_kubernetes_migration_job_runs_before_database_users(repo: Path) -> None:
-    job = k8s_documents(repo, "config")["Job"]
-    (container,) = job["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["python", "-m", "crucible.db", "upgrade"]
+def test_kubernetes_migration_and_stream_setup_jobs(repo: Path) -> None:
+    docs = yaml.safe_load_all((repo / "infra" / "k8s" / "config.yaml").read_text())
+    jobs = {d["metadata"]["name"]: d for d in docs if d and d["kind"] == "Job"}
+    (migrate,) = jobs["crucible-migrate"]["spec"]["template"]["spec"]["containers"]
+    assert migrate["command"] == ["python", "-m", "crucible.db", "upgrade"]
+    (setup,) = jobs["crucible-bus-setup"]["spec"]["template"]["spec"]["containers"]
+    assert setup["command"] == ["crucible", "bus", "setup"]
 
 
 def test_prometheus_scrapes_every_service_on_its_health_port(repo: Path, compose: dict[str, Any]) -> None:
