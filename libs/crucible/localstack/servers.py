@@ -11,9 +11,10 @@ import os
 import socket
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from crucible.localstack.processes import LOOPBACK, find_binary, free_ports, log_tail, spawn, stop_processes
 
@@ -138,11 +139,18 @@ def start_redis(*, state_dir: Path, port: int | None = None, timeout_s: float = 
 
 @_retry_on_port_clash
 def start_seaweedfs(
-    *, state_dir: Path, access_key: str, secret_key: str, s3_port: int | None = None, timeout_s: float = 60.0
+    *,
+    state_dir: Path,
+    access_key: str,
+    secret_key: str,
+    s3_port: int | None = None,
+    identities: Sequence[dict[str, Any]] = (),
+    timeout_s: float = 60.0,
 ) -> Server:
-    """SeaweedFS master, volume, filer and S3 gateway in one process, S3 signed with the given keys; the
-    S3 gateway on `s3_port` to restart a server where its clients reconnect (its data stays in
-    `state_dir`), or on a free port.
+    """SeaweedFS master, volume, filer and S3 gateway in one process, S3 signed with the given keys (the
+    operator's, allowed everything) and those of `identities` (SeaweedFS identities, each limited to its
+    actions: `crucible.contracts.access.seaweedfs_identities`); the S3 gateway on `s3_port` to restart a
+    server where its clients reconnect (its data stays in `state_dir`), or on a free port.
 
     `weed server` rather than `weed mini`: mini also opens an admin UI, WebDAV and catalog ports."""
     if not access_key or not secret_key:
@@ -155,7 +163,7 @@ def start_seaweedfs(
         "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
         "actions": ["Admin", "Read", "Write", "List", "Tagging"],
     }
-    s3_config.write_text(json.dumps({"identities": [identity]}))
+    s3_config.write_text(json.dumps({"identities": [identity, *identities]}))
     s3_config.chmod(0o600)
     master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc = free_ports(count=8)
     s3 = s3_port or s3

@@ -15,12 +15,19 @@ from crucible.localstack import SERVICES
 
 REPO = Path(__file__).resolve().parents[3]
 ENV_PREFIX = "CRUCIBLE_"
-_VARIABLE = re.compile(r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?::?-(?P<default>[^}]*))?\}")
+_VARIABLE = re.compile(
+    r"\$\{(?P<name>[A-Za-z_][A-Za-z0-9_]*)(?:(?::?-(?P<default>[^}]*))|(?P<required>:?\?[^}]*))?\}"
+)
 
 
 def _interpolate(value: str) -> str:
-    """What compose substitutes when no variable is set: ${X:-default} -> default, ${X} -> "", $$ -> $."""
-    return _VARIABLE.sub(lambda m: m.group("default") or "", value).replace("$$", "$")
+    """What compose substitutes: ${X:-default} -> default, ${X} -> "" when unset; ${X:?error} (compose
+    refuses to start without X) -> "<X>", as if the operator had set it; $$ -> $."""
+
+    def substitute(m: re.Match[str]) -> str:
+        return f"<{m['name']}>" if m["required"] else m["default"] or ""
+
+    return _VARIABLE.sub(substitute, value).replace("$$", "$")
 
 
 def _settings_from_env(service: str, env: dict[str, Any]) -> Any:

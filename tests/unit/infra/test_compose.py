@@ -197,3 +197,22 @@ def test_nats_admits_only_the_bus_identities_and_sees_no_seed(compose: dict[str,
     assert 'include "bus/auth.conf"' in (repo / "infra" / "nats" / "nats.conf").read_text()
     assert identity_mounts(services["bus-setup"]) == [("/run/crucible/bus", "admin")]
     assert services["bus-setup"]["command"] == ["crucible", "bus", "setup"]
+
+
+SECRET_NAME = re.compile(r"(PASSWORD|SECRET|ACCESS_KEY|TOKEN)", re.IGNORECASE)
+REQUIRED = re.compile(r"\$\{[A-Z_][A-Z0-9_]*:\?[^}]*\}")
+
+
+def test_compose_holds_no_credential_literal(compose: dict[str, Any], repo) -> None:
+    """Every secret a service is given comes from the operator's .env, with no default to fall back on:
+    compose refuses to start without it (the bus identities are generated at first start)."""
+    for name, svc in compose["services"].items():
+        env = svc.get("environment") or {}
+        for key, value in env.items():
+            if SECRET_NAME.search(key):
+                assert REQUIRED.fullmatch(str(value)), f"{name}: {key} is {value!r}, not a required variable"
+        url = env.get("CRUCIBLE_DATABASE_URL")
+        if url:
+            password = url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
+            assert REQUIRED.fullmatch(password), f"{name}: the database URL carries a password literal"
+    assert not re.search(r":-[^}]*(secret|password)", (repo / "docker-compose.yml").read_text(), re.IGNORECASE)
