@@ -181,14 +181,22 @@ Handler = Callable[[Any, Delivery], Awaitable[None]]
 
 
 class Bus:
-    def __init__(self, nc: nats.NATS, *, store: ObjectStore | None, name: str, claim_check_bytes: int) -> None:
+    def __init__(
+        self,
+        nc: nats.NATS,
+        *,
+        store: ObjectStore | None,
+        name: str,
+        claim_check_bytes: int,
+        refused: dict[str, str] | None = None,
+    ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.store = store
         self.name = name
         self.claim_check_bytes = claim_check_bytes
-        self.refused: dict[str, str] = {}
-        """Subjects the server refused this connection (lower-case), with its words."""
+        self.refused = refused if refused is not None else {}
+        """Subjects the server refused this connection (lower-case), with its words (filled by `connect`)."""
 
     @classmethod
     async def connect(cls, settings: CommonSettings, *, store: ObjectStore | None = None, name: str) -> Bus:
@@ -227,9 +235,7 @@ class Bus:
                 ) from exc
             raise BusError(f"cannot connect to NATS at {settings.nats_url}: {exc}") from exc
         nc.options["max_reconnect_attempts"] = -1
-        bus = cls(nc, store=store, name=name, claim_check_bytes=settings.claim_check_bytes)
-        bus.refused = refused
-        return bus
+        return cls(nc, store=store, name=name, claim_check_bytes=settings.claim_check_bytes, refused=refused)
 
     def _failure(self, subject: str, unavailable: BusUnavailable) -> BusError:
         """What a call on `subject` that got no answer means: the server refused this identity the subject
