@@ -45,6 +45,11 @@ def parse_uri(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
+class AccessRefused(RuntimeError):
+    """The store refused this credential the key (`crucible.contracts.access`): a bug or a forgery, not an
+    outage, so nothing waits it out."""
+
+
 class ObjectStore:
     def __init__(self, client: Minio, bucket: str) -> None:
         self.client = client
@@ -62,6 +67,7 @@ class ObjectStore:
             access_key=settings.s3_access_key,
             secret_key=settings.s3_secret_key,
             secure=settings.s3_secure,
+            region=settings.s3_region,
             http_client=http,
         )
         return cls(client, settings.s3_bucket)
@@ -75,26 +81,39 @@ class ObjectStore:
         try:
             return await asyncio.to_thread(call)
         except S3Error as exc:
+            if exc.code == "AccessDenied":
+                raise AccessRefused(f"the object store refused this key {exc.resource or ''}: {exc.message}") from exc
             raise Unavailable(f"object store refused: {exc.code}: {exc.message}") from exc
         except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise Unavailable(f"object store unreachable: {type(exc).__name__}: {exc}") from exc
 
     async def ensure_bucket(self) -> None:
+        """Make the bucket if it is missing. A key limited to some prefixes (`crucible.contracts.access`) may
+        not look at the bucket as a whole: then the operator made it, and the first object says if not."""
+
         def run() -> None:
-            if not self.client.bucket_exists(self.bucket):
-                try:
-                    self.client.make_bucket(self.bucket)
-                except S3Error as exc:
-                    if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists"):
-                        raise
+            try:
+                if self.client.bucket_exists(self.bucket):
+                    return
+                self.client.make_bucket(self.bucket)
+            except S3Error as exc:
+                if exc.code not in ("BucketAlreadyOwnedByYou", "BucketAlreadyExists", "AccessDenied"):
+                    raise
 
         await self._run(run)
 
     async def check(self) -> None:
-        """Raise unless the object store answers and the bucket is there (a readiness probe)."""
+        """Raise unless the object store answers and the bucket is there (a readiness probe); a key limited
+        to some prefixes, which the store answers AccessDenied for the bucket, passes: the store answered."""
 
         def run() -> None:
-            if not self.client.bucket_exists(self.bucket):
+            try:
+                exists = self.client.bucket_exists(self.bucket)
+            except S3Error as exc:
+                if exc.code == "AccessDenied":
+                    return
+                raise
+            if not exists:
                 raise ObjectNotFound(f"bucket {self.bucket} does not exist")
 
         await self._run(run)

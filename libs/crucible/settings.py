@@ -25,6 +25,9 @@ class CommonSettings(BaseSettings):
     s3_secret_key: str = "crucible-secret"
     s3_bucket: str = "crucible"
     s3_secure: bool = False
+    s3_region: str = "us-east-1"
+    """Named so that the client never asks the bucket's location, which a key limited to some prefixes may
+    not (MinIO's and SeaweedFS's default region)."""
     database_url: str = "sqlite+aiosqlite:///crucible.db"
     """SQLAlchemy async URL: postgresql+asyncpg://... in production, SQLite as the embedded default."""
     redis_url: str = "redis://127.0.0.1:6379/0"

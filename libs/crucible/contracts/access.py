@@ -1,5 +1,6 @@
-"""Who may do what on the bus: each service's publish and subscribe permissions, from the subjects it
-uses (`subjects`), as ../shared/DESIGN.md's table of services says. The NATS server enforces them
+"""Who may do what on the bus and in the object store: each service's publish and subscribe permissions,
+from the subjects it uses (`subjects`), and the object keys it may read, write and list (`keys`), as
+../shared/DESIGN.md's table of services says. The NATS server enforces them
 (`crucible.identities` renders them into its authorization), so a message a service has no business
 sending is refused by the server, not trusted by its consumer:
 
@@ -19,6 +20,7 @@ subject of every message that changes training or a run names who may have sent 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from crucible.contracts import subjects
@@ -177,3 +179,65 @@ SERVICE_PERMISSIONS: dict[str, Permissions] = {name: _permissions(name, grant) f
 """Each service's permissions, by its identity (its service name)."""
 
 ADMIN_PERMISSIONS = Permissions(publish=(">",), subscribe=(">",), responds=True)
+
+
+# --- the object store ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ObjectGrant:
+    """Keys of the bucket matching `pattern` (a glob: `*` matches any characters, `/` included)."""
+
+    pattern: str
+    write: bool = False
+    """Put and delete, beside reading."""
+    list: bool = False
+    """List keys under the pattern's prefix."""
+
+
+BUS_CLAIMS = ObjectGrant("bus/*", write=True)
+"""Messages too big for the bus (`keys.bus_claim_prefix`); a reference carries the payload's sha256."""
+TRAJECTORIES = "runs/*/trajectories/*"
+WEIGHTS = "runs/*/weights/*"
+
+OBJECT_GRANTS: dict[str, tuple[ObjectGrant, ...]] = {
+    "catalog": (ObjectGrant("tasksets/*", write=True), BUS_CLAIMS),
+    # task snapshots and hidden tests, to unpack; nothing else, and nothing to write: the agent's code runs here
+    "sandbox": (ObjectGrant("tasksets/*"),),
+    "rollout": (ObjectGrant(WEIGHTS), ObjectGrant(TRAJECTORIES, write=True), BUS_CLAIMS),
+    "grader": (ObjectGrant(TRAJECTORIES), ObjectGrant("runs/*/trajectories/*/graded*", write=True), BUS_CLAIMS),
+    "trainer": (
+        ObjectGrant(TRAJECTORIES), ObjectGrant(WEIGHTS, write=True), ObjectGrant("runs/*/trainer/*", write=True),
+        ObjectGrant("tasksets/*"), ObjectGrant("demonstrations/*"), BUS_CLAIMS,
+    ),  # fmt: skip
+    "checkpoints": (ObjectGrant(WEIGHTS, write=True, list=True), BUS_CLAIMS),
+    "api": (ObjectGrant(TRAJECTORIES, write=True, list=True), BUS_CLAIMS),  # a run's objects, released when it ends
+}
+"""What each service may do with the objects of the bucket; the operator (`ADMIN`) may do everything."""
+
+
+def seaweedfs_identities(keys: Mapping[str, Sequence[str]], bucket: str) -> list[dict[str, object]]:
+    """SeaweedFS's S3 identities (its `-s3.config`) for each service's (access key, secret key): each
+    limited to its grants, as `Read:<bucket>/<glob>`, `Write:...` and `List:...` actions."""
+    identities: list[dict[str, object]] = []
+    for identity, (access, secret) in keys.items():
+        actions = []
+        for grant in OBJECT_GRANTS[identity]:
+            kinds = ["Read"] + ["Write"] * grant.write + ["List"] * grant.list
+            actions += [f"{kind}:{bucket}/{grant.pattern}" for kind in kinds]
+        identities.append({"name": identity, "credentials": [{"accessKey": access, "secretKey": secret}], "actions": actions})
+    return identities
+
+
+def aws_policy(identity: str, bucket: str) -> dict[str, object]:
+    """`identity`'s grants as an AWS-style IAM policy document (MinIO's `mc admin policy create`)."""
+    statements: list[dict[str, object]] = []
+    for grant in OBJECT_GRANTS[identity]:
+        actions = ["s3:GetObject"] + ["s3:PutObject", "s3:DeleteObject"] * grant.write
+        statements.append({"Effect": "Allow", "Action": actions, "Resource": [f"arn:aws:s3:::{bucket}/{grant.pattern}"]})
+        if grant.list:
+            statements.append({
+                "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"],
+                "Condition": {"StringLike": {"s3:prefix": [grant.pattern]}},
+            })  # fmt: skip
+    return {"Version": "2012-10-17", "Statement": statements}

@@ -32,6 +32,7 @@ from crucible.settings import CommonSettings
 
 USES_DATABASE = frozenset({"catalog", "api"})
 IDENTITIES_DIR = "bus"
+S3_KEYS = "s3-keys.json"
 """Under the state dir: the bus identities' seeds and the server's authorization."""
 _DEFAULTS = CommonSettings.model_fields
 
@@ -92,6 +93,8 @@ class LocalStack:
         self.api_key = ""
         """An admin key for the api (also in `api_key_file`); the same across restarts on one state dir."""
         self.api_key_file: Path | None = None
+        self.s3_keys: dict[str, list[str]] = {}
+        """Each service's own S3 key (access key, secret key), when the stack runs its own S3."""
         self.identities: Path | None = None
         """The folder of bus identities, when the stack runs its own NATS (else None: the given server's rules)."""
         self._started = False
@@ -122,8 +125,7 @@ class LocalStack:
                 self.state_dir = Path(tempfile.mkdtemp(prefix="crucible-stack-"))
             self.state_dir.mkdir(parents=True, exist_ok=True)
             self._start_servers()
-            if self.identities is not None:
-                self._setup_streams()
+            self._setup_as_operator()
             database_url = self.settings_env["CRUCIBLE_DATABASE_URL"]
             if USES_DATABASE & set(self.service_names):
                 run_migrations(database_url=database_url, env=self._env)
@@ -147,10 +149,8 @@ class LocalStack:
         if urls["redis"] is None:
             urls["redis"] = self._add_server(start_redis(state_dir=self.state_dir)).url
         if urls["s3"] is None:
-            server = start_seaweedfs(
-                state_dir=self.state_dir, access_key=self._s3["access_key"], secret_key=self._s3["secret_key"]
-            )
-            urls["s3"] = self._add_server(server).endpoint
+            self.s3_keys = self._service_s3_keys()
+            urls["s3"] = self._add_server(self._start_seaweedfs()).endpoint
         if urls["database"] is None:
             urls["database"] = f"sqlite+aiosqlite:///{self.state_dir / 'crucible.db'}"
         self.settings_env = {
@@ -166,21 +166,48 @@ class LocalStack:
             **{k: v for k, v in self._env.items() if k.startswith("CRUCIBLE_")},
         }
 
-    def _setup_streams(self) -> None:
-        """The streams as this version configures them, set up as the operator: services may only create
-        a missing one (`crucible.contracts.access`)."""
-        from crucible.bus import Bus
+    def _service_s3_keys(self) -> dict[str, list[str]]:
+        """Each service's S3 key, made once per state dir (0600) and kept across restarts."""
+        import json
+        import secrets
 
-        settings = CommonSettings(
-            nats_url=self.settings_env["CRUCIBLE_NATS_URL"], nats_nkey_file=self.settings_env["CRUCIBLE_NATS_NKEY_FILE"]
-        )
+        from crucible.contracts.access import OBJECT_GRANTS
+
+        assert self.state_dir is not None
+        path = self.state_dir / S3_KEYS
+        if not path.exists():
+            keys = {name: [f"crucible-{name}", secrets.token_hex(24)] for name in OBJECT_GRANTS}
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                json.dump(keys, out)
+        return json.loads(path.read_text())
+
+    def _start_seaweedfs(self, *, port: int | None = None) -> Server:
+        """SeaweedFS with the operator's key (every right) and each service's, limited to its grants."""
+        from crucible.contracts.access import seaweedfs_identities
+
+        assert self.state_dir is not None
+        return start_seaweedfs(
+            state_dir=self.state_dir, access_key=self._s3["access_key"], secret_key=self._s3["secret_key"],
+            s3_port=port, identities=seaweedfs_identities(self.s3_keys, self._s3["bucket"]),
+        )  # fmt: skip
+
+    def _setup_as_operator(self) -> None:
+        """What services may not do themselves (`crucible.contracts.access`), done as the operator: the
+        bucket made, the streams as this version configures them."""
+        from crucible.bus import Bus
+        from crucible.objectstore import ObjectStore
+
+        settings = CommonSettings(**{k.removeprefix("CRUCIBLE_").lower(): v for k, v in self.settings_env.items()})
 
         async def work() -> None:
-            bus = await Bus.connect(settings, name=ADMIN)
-            try:
-                await bus.ensure_streams()
-            finally:
-                await bus.close()
+            await ObjectStore.from_settings(settings).ensure_bucket()
+            if self.identities is not None:
+                bus = await Bus.connect(settings, name=ADMIN)
+                try:
+                    await bus.ensure_streams()
+                finally:
+                    await bus.close()
 
         run_sync(work)
 
@@ -205,6 +232,8 @@ class LocalStack:
             env = {**base_env, "CRUCIBLE_HTTP_PORT": str(http_port)}
             if self.identities is not None:
                 env["CRUCIBLE_NATS_NKEY_FILE"] = str(seed_file(self.identities, name))
+            if self.s3_keys:
+                env["CRUCIBLE_S3_ACCESS_KEY"], env["CRUCIBLE_S3_SECRET_KEY"] = self.s3_keys[name]
             if name == "api":
                 env["CRUCIBLE_API_PORT"] = str(api_port)
                 env.setdefault("CRUCIBLE_TRACKING_DIR", str(self.state_dir / "tracking"))
@@ -275,10 +304,7 @@ class LocalStack:
         elif name == "redis":
             new = start_redis(state_dir=self.state_dir, port=old.port)
         else:
-            new = start_seaweedfs(
-                state_dir=self.state_dir, access_key=self._s3["access_key"], secret_key=self._s3["secret_key"],
-                s3_port=old.port,
-            )  # fmt: skip
+            new = self._start_seaweedfs(port=old.port)
         self.servers[name] = new
         self._dead_servers.discard(name)
 
