@@ -142,7 +142,8 @@ def _grants() -> dict[str, _Grant]:
     g["grader"].consumes(subjects.ROLLOUTS, subjects.GRADER_DURABLE).reads(subjects.RUNS)
 
     g["trainer"].requests(
-        subjects.CATALOG_LIST, subjects.CATALOG_SECRET, subjects.CHECKPOINTS_COMMIT, subjects.CHECKPOINTS_GET
+        subjects.CATALOG_LIST, subjects.CATALOG_SECRET, subjects.CHECKPOINTS_COMMIT, subjects.CHECKPOINTS_GET,
+        *sandboxes,  # a warm start plays its demonstrations in sandboxes
     )
     g["trainer"].publishes(subjects.eval_requested("*"), RUN_ENDED)
     g["trainer"].consumes(subjects.RUNS, subjects.TRAINER_DURABLE).reads(subjects.RUNS)
