@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.aio import run_sync
 from crucible.db.models import ApiKey, utcnow
+from crucible.private import write_private
 
 Scope = Literal["read", "write", "admin"]
 SCOPES: tuple[Scope, ...] = ("read", "write", "admin")
@@ -93,15 +93,6 @@ async def list_keys(session: AsyncSession) -> list[KeyInfo]:
     return [_info(row) for row in rows]
 
 
-def write_key_file(path: Path, token: str) -> None:
-    """Write a token to a file only its owner can read."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    path.chmod(0o600)
-
-
 def make_key(database_url: str, *, scope: Scope = "admin", name: str = "local", reuse: Path | None = None) -> str:
     """A token of a new key in the database at `database_url`; with `reuse`, the token in that file
     instead when it is a live key of this scope there."""
@@ -127,5 +118,5 @@ def ensure_key_file(database_url: str, path: Path, *, scope: Scope = "admin", na
     """The token in `path` when it is still a live key of `scope`, else a new key's, written there
     (mode 0600): a local stack started again on the same state keeps its key."""
     token = make_key(database_url, scope=scope, name=name, reuse=path)
-    write_key_file(path, token)
+    write_private(path, token)
     return token

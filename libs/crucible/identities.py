@@ -4,9 +4,9 @@ that holds each to its permissions (`crucible.contracts.access`).
 A seed file (`<identity>/seed.nk`, mode 0600, one folder per identity so that a deployment can mount
 each service its own and nothing else) is the whole credential: the service connects with it
 (`CRUCIBLE_NATS_NKEY_FILE`), and the server holds only the public keys (`server/auth.conf`), so its
-configuration carries no secret. Seeds are made once per folder and kept: a stack started again on the same state keeps its
-identities. `crucible up` writes them into its state folder; for compose and Kubernetes,
-`crucible bus identities DIR` writes the same files for the deployment to mount.
+configuration carries no secret. Seeds are made once per folder and kept: a stack started again on the
+same state keeps its identities. `crucible up` writes them into its state folder; for compose and
+Kubernetes, `crucible bus identities DIR` writes the same files for the deployment to mount.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 import nkeys
 
 from crucible.contracts.access import ADMIN, ADMIN_PERMISSIONS, SERVICE_PERMISSIONS, Permissions
+from crucible.private import write_private
 
 IDENTITIES: tuple[str, ...] = (*SERVICE_PERMISSIONS, ADMIN)
 SEED = "seed.nk"
@@ -58,10 +59,7 @@ def ensure_identities(folder: Path) -> dict[str, str]:
         path = seed_file(folder, identity)
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         if not path.exists():
-            seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "wb") as out:
-                out.write(seed + b"\n")
+            write_private(path, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode())
         keys[identity] = public_key(path)
     return keys
 

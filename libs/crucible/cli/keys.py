@@ -50,7 +50,8 @@ def create(
     url: UrlOption = None,
 ) -> None:
     """A new key; its token is printed (or written to --file) this once."""
-    from crucible.apikeys import SCOPES, create_key, write_key_file
+    from crucible.apikeys import SCOPES, create_key
+    from crucible.private import write_private
 
     if scope not in SCOPES:
         raise typer.BadParameter(f"one of {', '.join(SCOPES)}", param_hint="--scope")
@@ -58,7 +59,7 @@ def create(
     if file is None:
         typer.echo(token)
     else:
-        write_key_file(file, token)
+        write_private(file, token)
         typer.echo(f"key {info.key_id} ({info.scope}) written to {file}")
 
 

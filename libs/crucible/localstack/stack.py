@@ -28,12 +28,14 @@ from crucible.localstack.migrations import check_database_url, run_migrations
 from crucible.localstack.processes import LOOPBACK, free_ports, stop_processes
 from crucible.localstack.servers import Server, start_nats, start_redis, start_seaweedfs
 from crucible.localstack.services import SERVICES, ServiceProcess, wait_all_ready
+from crucible.private import write_private
 from crucible.settings import CommonSettings
 
 USES_DATABASE = frozenset({"catalog", "api"})
 IDENTITIES_DIR = "bus"
-S3_KEYS = "s3-keys.json"
 """Under the state dir: the bus identities' seeds and the server's authorization."""
+S3_KEYS = "s3-keys.json"
+"""Under the state dir: each service's S3 key (0600)."""
 _DEFAULTS = CommonSettings.model_fields
 
 
@@ -176,10 +178,7 @@ class LocalStack:
         assert self.state_dir is not None
         path = self.state_dir / S3_KEYS
         if not path.exists():
-            keys = {name: [f"crucible-{name}", secrets.token_hex(24)] for name in OBJECT_GRANTS}
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out:
-                json.dump(keys, out)
+            write_private(path, json.dumps({name: [f"crucible-{name}", secrets.token_hex(24)] for name in OBJECT_GRANTS}))
         return json.loads(path.read_text())
 
     def _start_seaweedfs(self, *, port: int | None = None) -> Server:
