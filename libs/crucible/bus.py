@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -203,20 +204,34 @@ class Bus:
         """Connect as this service's bus identity when `settings.nats_nkey_file` names its seed (see
         `crucible.identities`); its replies arrive under its own inbox prefix, which only it may read."""
         refused: dict[str, str] = {}
-        denied: list[str] = []
+        hopeless: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        """Why connecting cannot succeed however often it is tried (set by the first such error)."""
+        who = f"the identity in {settings.nats_nkey_file}" if settings.nats_nkey_file else "no identity"
 
         async def on_error(exc: Exception) -> None:
-            if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in str(exc).lower():
-                denied.append(str(exc))
-            found = _VIOLATION.search(str(exc))
+            text = str(exc)
+            if not hopeless.done():
+                if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in text.lower():
+                    hopeless.set_result(
+                        f"refused {who} (Authorization Violation): a server that admits only bus identities "
+                        "needs this service's seed in CRUCIBLE_NATS_NKEY_FILE"
+                    )
+                elif isinstance(exc, ssl.SSLCertVerificationError):
+                    hopeless.set_result(
+                        f"has a certificate this service does not trust ({exc.verify_message}): "
+                        "CRUCIBLE_NATS_TLS_CA_FILE names the CA that signs it"
+                    )
+            found = _VIOLATION.search(text)
             if found:  # the server refused a publish or subscription: remembered for the call that made it
-                refused[found["subject"].lower()] = str(exc)
-            log.warning("nats error", error=str(exc))
+                refused[found["subject"].lower()] = text
+            log.warning("nats error", error=text)
 
-        credentials = {"nkeys_seed": str(settings.nats_nkey_file)} if settings.nats_nkey_file else {}
-        try:
-            # A few attempts to come up; once connected, reconnect for as long as it takes.
-            nc = await nats.connect(
+        options: dict[str, Any] = {"nkeys_seed": str(settings.nats_nkey_file)} if settings.nats_nkey_file else {}
+        if settings.nats_tls_ca_file:
+            options["tls"] = ssl.create_default_context(cafile=str(settings.nats_tls_ca_file))
+        # A few attempts to come up; once connected, reconnect for as long as it takes.
+        connecting = asyncio.ensure_future(
+            nats.connect(
                 settings.nats_url,
                 name=f"crucible-{name}",
                 connect_timeout=5,
@@ -224,15 +239,16 @@ class Bus:
                 reconnect_time_wait=1,
                 error_cb=on_error,
                 inbox_prefix=access.inbox_prefix(name),
-                **credentials,
+                **options,
             )
+        )
+        await asyncio.wait({connecting, hopeless}, return_when=asyncio.FIRST_COMPLETED)
+        if hopeless.done() and not (connecting.done() and connecting.exception() is None):
+            connecting.cancel()
+            raise BusError(f"NATS at {settings.nats_url} {hopeless.result()}")
+        try:
+            nc = connecting.result()
         except Exception as exc:  # nats raises several unrelated types for an unreachable server
-            if denied:
-                who = f"the identity in {settings.nats_nkey_file}" if settings.nats_nkey_file else "no identity"
-                raise BusError(
-                    f"NATS at {settings.nats_url} refused {who} (Authorization Violation): a server that admits "
-                    "only bus identities needs this service's seed in CRUCIBLE_NATS_NKEY_FILE"
-                ) from exc
             raise BusError(f"cannot connect to NATS at {settings.nats_url}: {exc}") from exc
         nc.options["max_reconnect_attempts"] = -1
         return cls(nc, store=store, name=name, claim_check_bytes=settings.claim_check_bytes, refused=refused)

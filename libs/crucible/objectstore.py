@@ -57,10 +57,12 @@ class ObjectStore:
 
     @classmethod
     def from_settings(cls, settings: CommonSettings) -> ObjectStore:
+        verify = {"cert_reqs": "CERT_REQUIRED", "ca_certs": str(settings.s3_ca_file)} if settings.s3_ca_file else {}
         http = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=5, read=60),
             maxsize=16,
             retries=urllib3.Retry(total=3, backoff_factor=0.2, status_forcelist=[500, 502, 503, 504]),
+            **verify,
         )
         client = Minio(
             settings.s3_endpoint,

@@ -19,12 +19,17 @@ class CommonSettings(BaseSettings):
     nats_nkey_file: Path | None = None
     """This service's bus identity: a file holding its NKey seed (`crucible.identities`). None connects
     without one, to a server that asks for none."""
+    nats_tls_ca_file: Path | None = None
+    """The CA certificate(s) that sign the NATS server's: the connection is TLS, the server verified."""
     s3_endpoint: str = "127.0.0.1:8333"
     """S3 API endpoint, host:port (MinIO, SeaweedFS or any S3 server)."""
     s3_access_key: str = "crucible"
     s3_secret_key: str = "crucible-secret"
     s3_bucket: str = "crucible"
     s3_secure: bool = False
+    """HTTPS to the S3 endpoint."""
+    s3_ca_file: Path | None = None
+    """With s3_secure, the CA certificate(s) that sign the S3 server's (else the system's)."""
     s3_region: str = "us-east-1"
     """Named so that the client never asks the bucket's location, which a key limited to some prefixes may
     not (MinIO's and SeaweedFS's default region)."""

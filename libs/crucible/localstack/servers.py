@@ -53,6 +53,8 @@ class Server:
     stop_grace_s: float = 10.0
     leftovers: list[Path] = field(default_factory=list)
     """Files the server creates outside its state dir and leaves behind when killed."""
+    tls_endpoint: str = ""
+    """host:port where it also serves TLS, if it does."""
 
     @property
     def port(self) -> int:
@@ -76,12 +78,17 @@ class Server:
 
 @_retry_on_port_clash
 def start_nats(
-    *, state_dir: Path, port: int | None = None, identities: Path | None = None, timeout_s: float = 30.0
+    *,
+    state_dir: Path,
+    port: int | None = None,
+    identities: Path | None = None,
+    tls: tuple[Path, Path] | None = None,
+    timeout_s: float = 30.0,
 ) -> Server:
     """nats-server with JetStream, its storage under `state_dir`; on `port`, to restart a server where
     its clients reconnect (with the same `state_dir` it keeps its streams), or on a free port. With
     `identities`, a folder of bus identities (`crucible.identities`, made there if missing), the server
-    admits only them, each with its permissions."""
+    admits only them, each with its permissions; with `tls` (certificate and key files), only TLS."""
     home = _home(state_dir, "nats")
     if port is None:
         (port,) = free_ports(count=1)
@@ -99,7 +106,10 @@ def start_nats(
         from crucible.identities import write_server_config
 
         argv += ["-c", write_server_config(identities)]
-    server = _launch("nats", argv, home=home, port=port, url=f"nats://{LOOPBACK}:{port}")
+    if tls is not None:
+        argv += ["--tls", "--tlscert", tls[0], "--tlskey", tls[1]]
+    scheme = "tls" if tls is not None else "nats"
+    server = _launch("nats", argv, home=home, port=port, url=f"{scheme}://{LOOPBACK}:{port}")
     _wait_ready(server, probe=lambda: jetstream_ready(port=port), timeout_s=timeout_s)
     return server
 
@@ -145,12 +155,14 @@ def start_seaweedfs(
     secret_key: str,
     s3_port: int | None = None,
     identities: Sequence[dict[str, Any]] = (),
+    tls: tuple[Path, Path] | None = None,
     timeout_s: float = 60.0,
 ) -> Server:
     """SeaweedFS master, volume, filer and S3 gateway in one process, S3 signed with the given keys (the
     operator's, allowed everything) and those of `identities` (SeaweedFS identities, each limited to its
     actions: `crucible.contracts.access.seaweedfs_identities`); the S3 gateway on `s3_port` to restart a
-    server where its clients reconnect (its data stays in `state_dir`), or on a free port.
+    server where its clients reconnect (its data stays in `state_dir`), or on a free port. With `tls`
+    (certificate and key files) it also serves HTTPS, on `Server.tls_endpoint`.
 
     `weed server` rather than `weed mini`: mini also opens an admin UI, WebDAV and catalog ports."""
     if not access_key or not secret_key:
@@ -193,11 +205,16 @@ def start_seaweedfs(
         "-s3.port.lance=0",
         f"-s3.localSocket={home / 's3.sock'}",
     ]
+    if tls is not None:
+        (https,) = free_ports(count=1)
+        argv += [f"-s3.port.https={https}", f"-s3.cert.file={tls[0]}", f"-s3.key.file={tls[1]}"]
     # SeaweedFS writes its own log files to TMPDIR; keep them in the state dir. Each bucket is a
     # collection that grows 7 volumes at a time by default: one is plenty here, and lets many buckets
     # (one per test) live on one server.
     env = {**os.environ, "TMPDIR": str(home), "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
     server = _launch("seaweedfs", argv, home=home, port=s3, url=f"http://{LOOPBACK}:{s3}", env=env)
+    if tls is not None:
+        server.tls_endpoint = f"{LOOPBACK}:{https}"
     # It takes ~30 s to exit on SIGTERM and keeps nothing a test or demo needs: a short grace, then SIGKILL.
     server.stop_grace_s = 1.0
     server.leftovers = [
