@@ -10,6 +10,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import yaml
 
 CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
 USES_DATABASE = {"catalog", "api"}
@@ -216,3 +217,22 @@ def test_compose_holds_no_credential_literal(compose: dict[str, Any], repo) -> N
             password = url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
             assert REQUIRED.fullmatch(password), f"{name}: the database URL carries a password literal"
     assert not re.search(r":-[^}]*(secret|password)", (repo / "docker-compose.yml").read_text(), re.IGNORECASE)
+
+
+def test_the_tls_override_turns_tls_on_for_every_client_and_both_servers(compose: dict[str, Any], repo) -> None:
+    """docker-compose.tls.yml, as `docker compose -f docker-compose.yml -f docker-compose.tls.yml` merges
+    it: a valid compose file naming only services of the base, every Crucible service verifying both
+    servers against the CA, nats-server and MinIO serving the certificate."""
+    tls = yaml.safe_load((repo / "docker-compose.tls.yml").read_text())
+    schema = json.loads(files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text())
+    assert not list(jsonschema.Draft202012Validator(schema).iter_errors(tls))
+    assert set(tls["services"]) <= set(compose["services"])
+    clients = {"bus-setup", "catalog", "sandbox", "rollout", "grader", "trainer", "checkpoints", "api"}
+    for name in clients:
+        env = tls["services"][name]["environment"]
+        assert env["CRUCIBLE_NATS_URL"].startswith("tls://") and env["CRUCIBLE_S3_SECURE"] == "true"
+        (mount,) = tls["services"][name]["volumes"]
+        assert env["CRUCIBLE_NATS_TLS_CA_FILE"] == env["CRUCIBLE_S3_CA_FILE"] == f"{mount['target']}/ca.pem"
+    assert {"--tls", "--tlscert", "--tlskey"} <= set(tls["services"]["nats"]["command"])
+    assert "--certs-dir" in tls["services"]["minio"]["command"]
+    assert "https://minio:9000" in tls["services"]["minio-init"]["command"][0]
