@@ -9,7 +9,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 RUN useradd --create-home --uid 10001 --shell /usr/sbin/nologin crucible \
-    && install -d -o crucible -m 0700 /var/lib/crucible/bus
+    && install -d -o crucible -m 0700 /var/lib/crucible/identities
 ENV CRUCIBLE_MIGRATIONS_DIR=/app/migrations
 COPY pyproject.toml README.md ./
 COPY libs ./libs

@@ -6,8 +6,9 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Any
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -25,6 +26,9 @@ class CommonSettings(BaseSettings):
     """S3 API endpoint, host:port (MinIO, SeaweedFS or any S3 server)."""
     s3_access_key: str = "crucible"
     s3_secret_key: str = "crucible-secret"
+    s3_key_file: Path | None = None
+    """This service's own S3 key, from a file (`crucible.identities`: the access key and the secret key on
+    two lines); it replaces s3_access_key and s3_secret_key."""
     s3_bucket: str = "crucible"
     s3_secure: bool = False
     """HTTPS to the S3 endpoint."""
@@ -46,3 +50,15 @@ class CommonSettings(BaseSettings):
     claim_check_bytes: int = Field(default=512 * 1024, ge=1024, le=900 * 1024)
     """Payloads larger than this go to the object store; the message carries a reference. NATS refuses
     messages over 1 MiB by default, and a dead letter carries the original payload."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _s3_key_from_file(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("s3_key_file"):
+            from crucible.identities import read_s3_key
+
+            try:
+                data["s3_access_key"], data["s3_secret_key"] = read_s3_key(Path(data["s3_key_file"]))
+            except OSError as exc:
+                raise ValueError(f"s3_key_file {data['s3_key_file']} cannot be read: {exc.strerror}") from None
+        return data

@@ -1,8 +1,8 @@
-"""`crucible bus identities DIR` writes the bus identities a deployment mounts: an NKey seed per service and
-one for the operator (mode 0600), and `auth.conf`, the nats-server authorization holding each public key to
-its permissions (`crucible.contracts.access`). Seeds already in DIR are kept. `crucible bus setup` creates
-or updates the streams as this version configures them, as the operator (CRUCIBLE_NATS_NKEY_FILE naming
-the operator's seed): services may only create a missing stream, never change one."""
+"""`crucible identities DIR` writes the service identities a deployment mounts (`crucible.identities`): per
+service an NKey seed and an S3 key, one seed for the operator, nats-server's authorization of the public
+keys and each service's MinIO policy. What DIR already holds is kept. `crucible bus setup` creates or
+updates the streams as this version configures them, as the operator (CRUCIBLE_NATS_NKEY_FILE naming the
+operator's seed): services may only create a missing stream, never change one."""
 
 from __future__ import annotations
 
@@ -13,17 +13,18 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-bus_app = typer.Typer(help="Bus identities and stream setup.", no_args_is_help=True)
+bus_app = typer.Typer(help="The bus's streams.", no_args_is_help=True)
 
 
-@bus_app.command("identities")
 def identities(
-    folder: Annotated[Path, typer.Argument(help="Where the seeds and auth.conf go (made if missing).")],
+    folder: Annotated[Path, typer.Argument(help="Where the identities go (made if missing).")],
+    bucket: Annotated[str, typer.Option(help="The bucket the MinIO policies are for.")] = "crucible",
 ) -> None:
-    """Write every service's NKey seed and nats-server's auth.conf; existing seeds are kept."""
+    """Write every service's NKey seed and S3 key, nats-server's auth.conf and the MinIO policies; what is
+    there already is kept."""
     from crucible.identities import ensure_identities, seed_file, write_server_config
 
-    config = write_server_config(folder)
+    config = write_server_config(folder, bucket=bucket)
     console = Console()
     for identity, key in ensure_identities(folder).items():
         console.print(f"{identity:12} {key}  {seed_file(folder, identity)}", markup=False, soft_wrap=True)
@@ -53,4 +54,5 @@ def setup() -> None:
 
 
 def register(app: typer.Typer) -> None:
+    app.command("identities")(identities)
     app.add_typer(bus_app, name="bus")

@@ -1,7 +1,8 @@
 """Who may do what on the bus and in the object store: each service's publish and subscribe permissions,
 from the subjects it uses (`subjects`), and the object keys it may read, write and list (`keys`), as
 ../shared/DESIGN.md's table of services says. The servers enforce them (`crucible.identities` renders the
-bus's into nats-server's authorization, `seaweedfs_identities` the object store's into SeaweedFS's), so
+bus's into nats-server's authorization and the object store's into MinIO policies, `seaweedfs_identities`
+into SeaweedFS's), so
 a message a service has no business sending is refused by the server, not trusted by its consumer:
 
 - only the graders publish graded trajectories, only the rollouts trajectories, only the checkpoints
@@ -229,3 +230,16 @@ def seaweedfs_identities(keys: Mapping[str, Sequence[str]], bucket: str) -> list
         identities.append({"name": identity, "credentials": [{"accessKey": access, "secretKey": secret}], "actions": actions})
     return identities
 
+
+def aws_policy(identity: str, bucket: str) -> dict[str, object]:
+    """`identity`'s grants as an AWS-style IAM policy document (MinIO's `mc admin policy create`)."""
+    statements: list[dict[str, object]] = []
+    for grant in OBJECT_GRANTS[identity]:
+        actions = ["s3:GetObject"] + ["s3:PutObject", "s3:DeleteObject"] * grant.write
+        statements.append({"Effect": "Allow", "Action": actions, "Resource": [f"arn:aws:s3:::{bucket}/{grant.pattern}"]})
+        if grant.list:
+            statements.append({
+                "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"],
+                "Condition": {"StringLike": {"s3:prefix": [grant.pattern]}},
+            })  # fmt: skip
+    return {"Version": "2012-10-17", "Statement": statements}

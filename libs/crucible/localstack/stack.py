@@ -23,19 +23,16 @@ from typing import Self
 from crucible.aio import run_sync
 from crucible.apikeys import KEY_FILE, ensure_key_file
 from crucible.contracts.access import ADMIN
-from crucible.identities import seed_file
+from crucible.identities import s3_key_file, s3_keys, seed_file
 from crucible.localstack.migrations import check_database_url, run_migrations
 from crucible.localstack.processes import LOOPBACK, free_ports, stop_processes
 from crucible.localstack.servers import Server, start_nats, start_redis, start_seaweedfs
 from crucible.localstack.services import SERVICES, ServiceProcess, wait_all_ready
-from crucible.private import write_private
 from crucible.settings import CommonSettings
 
 USES_DATABASE = frozenset({"catalog", "api"})
-IDENTITIES_DIR = "bus"
-"""Under the state dir: the bus identities' seeds and the server's authorization."""
-S3_KEYS = "s3-keys.json"
-"""Under the state dir: each service's S3 key (0600)."""
+IDENTITIES_DIR = "identities"
+"""Under the state dir: the service identities (`crucible.identities`)."""
 _DEFAULTS = CommonSettings.model_fields
 
 
@@ -95,10 +92,11 @@ class LocalStack:
         self.api_key = ""
         """An admin key for the api (also in `api_key_file`); the same across restarts on one state dir."""
         self.api_key_file: Path | None = None
-        self.s3_keys: dict[str, list[str]] = {}
-        """Each service's own S3 key (access key, secret key), when the stack runs its own S3."""
         self.identities: Path | None = None
-        """The folder of bus identities, when the stack runs its own NATS (else None: the given server's rules)."""
+        """The service identities, when the stack runs its own NATS or S3 (else None: the given servers' rules)."""
+        self._bus_identities = False
+        self._s3_keys: dict[str, tuple[str, str]] = {}
+        """Each service's own S3 key, when the stack runs its own S3."""
         self._started = False
         self._dead_servers: set[str] = set()
 
@@ -144,14 +142,16 @@ class LocalStack:
         assert self.state_dir is not None
         urls = dict(self._urls)
         operator: dict[str, str] = {}
-        if urls["nats"] is None:
+        if urls["nats"] is None or urls["s3"] is None:
             self.identities = self.state_dir / IDENTITIES_DIR
-            urls["nats"] = self._add_server(start_nats(state_dir=self.state_dir, identities=self.identities)).url
+        if urls["nats"] is None:
+            self._bus_identities = True
+            urls["nats"] = self._add_server(self._start_nats()).url
             operator["CRUCIBLE_NATS_NKEY_FILE"] = str(seed_file(self.identities, ADMIN))
         if urls["redis"] is None:
             urls["redis"] = self._add_server(start_redis(state_dir=self.state_dir)).url
         if urls["s3"] is None:
-            self.s3_keys = self._service_s3_keys()
+            self._s3_keys = s3_keys(self.identities)
             urls["s3"] = self._add_server(self._start_seaweedfs()).endpoint
         if urls["database"] is None:
             urls["database"] = f"sqlite+aiosqlite:///{self.state_dir / 'crucible.db'}"
@@ -168,18 +168,9 @@ class LocalStack:
             **{k: v for k, v in self._env.items() if k.startswith("CRUCIBLE_")},
         }
 
-    def _service_s3_keys(self) -> dict[str, list[str]]:
-        """Each service's S3 key, made once per state dir (0600) and kept across restarts."""
-        import json
-        import secrets
-
-        from crucible.contracts.access import OBJECT_GRANTS
-
+    def _start_nats(self, *, port: int | None = None) -> Server:
         assert self.state_dir is not None
-        path = self.state_dir / S3_KEYS
-        if not path.exists():
-            write_private(path, json.dumps({name: [f"crucible-{name}", secrets.token_hex(24)] for name in OBJECT_GRANTS}))
-        return json.loads(path.read_text())
+        return start_nats(state_dir=self.state_dir, port=port, identities=self.identities)
 
     def _start_seaweedfs(self, *, port: int | None = None) -> Server:
         """SeaweedFS with the operator's key (every right) and each service's, limited to its grants."""
@@ -188,7 +179,7 @@ class LocalStack:
         assert self.state_dir is not None
         return start_seaweedfs(
             state_dir=self.state_dir, access_key=self._s3["access_key"], secret_key=self._s3["secret_key"],
-            s3_port=port, identities=seaweedfs_identities(self.s3_keys, self._s3["bucket"]),
+            s3_port=port, identities=seaweedfs_identities(self._s3_keys, self._s3["bucket"]),
         )  # fmt: skip
 
     def _setup_as_operator(self) -> None:
@@ -201,7 +192,7 @@ class LocalStack:
 
         async def work() -> None:
             await ObjectStore.from_settings(settings).ensure_bucket()
-            if self.identities is not None:
+            if self._bus_identities:
                 bus = await Bus.connect(settings, name=ADMIN)
                 try:
                     await bus.ensure_streams()
@@ -229,10 +220,10 @@ class LocalStack:
         }
         for name, http_port in zip(self.service_names, ports, strict=False):
             env = {**base_env, "CRUCIBLE_HTTP_PORT": str(http_port)}
-            if self.identities is not None:
+            if self._bus_identities:
                 env["CRUCIBLE_NATS_NKEY_FILE"] = str(seed_file(self.identities, name))
-            if self.s3_keys:
-                env["CRUCIBLE_S3_ACCESS_KEY"], env["CRUCIBLE_S3_SECRET_KEY"] = self.s3_keys[name]
+            if self._s3_keys:
+                env["CRUCIBLE_S3_KEY_FILE"] = str(s3_key_file(self.identities, name))
             if name == "api":
                 env["CRUCIBLE_API_PORT"] = str(api_port)
                 env.setdefault("CRUCIBLE_TRACKING_DIR", str(self.state_dir / "tracking"))
@@ -299,7 +290,7 @@ class LocalStack:
         old = self._server(name)
         assert self.state_dir is not None
         if name == "nats":
-            new = start_nats(state_dir=self.state_dir, port=old.port, identities=self.identities)
+            new = self._start_nats(port=old.port)
         elif name == "redis":
             new = start_redis(state_dir=self.state_dir, port=old.port)
         else:

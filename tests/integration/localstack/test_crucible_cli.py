@@ -200,18 +200,20 @@ def test_keys_are_made_listed_and_revoked_in_the_database(tmp_path: Path) -> Non
     assert bad.returncode == 2 and "one of read, write, admin" in bad.stderr
 
 
-def test_bus_identities_are_kept_and_the_operator_sets_up_the_streams(tmp_path: Path) -> None:
-    from crucible.identities import SERVER_CONFIG, seed_file
+def test_identities_are_kept_and_the_operator_sets_up_the_streams(tmp_path: Path) -> None:
+    from crucible.identities import SERVER_CONFIG, read_s3_key, s3_key_file, seed_file
     from crucible.localstack.servers import start_nats
 
-    folder = tmp_path / "bus"
-    first = crucible("bus", "identities", str(folder))
+    folder = tmp_path / "identities"
+    first = crucible("identities", str(folder))
     assert first.returncode == 0, first.stderr
-    again = crucible("bus", "identities", str(folder))
-    assert again.stdout == first.stdout  # the same seeds and public keys: nothing made anew
-    grader = seed_file(folder, "grader")
-    assert grader.stat().st_mode & 0o777 == 0o600 and grader.read_text().strip() not in first.stdout
-    assert (folder / SERVER_CONFIG).is_file()
+    key = read_s3_key(s3_key_file(folder, "grader"))
+    again = crucible("identities", str(folder))
+    assert again.stdout == first.stdout and read_s3_key(s3_key_file(folder, "grader")) == key  # nothing made anew
+    for secret in (seed_file(folder, "grader"), s3_key_file(folder, "grader")):
+        assert secret.stat().st_mode & 0o777 == 0o600 and secret.read_text().split()[-1] not in first.stdout
+    assert (folder / SERVER_CONFIG).is_file() and (folder / "server" / "minio" / "sandbox.json").is_file()
+    assert s3_key_file(folder, "grader").read_text().split()[1] not in (folder / SERVER_CONFIG).read_text()
 
     server = start_nats(state_dir=tmp_path, identities=folder)
     try:

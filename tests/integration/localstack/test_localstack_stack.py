@@ -49,6 +49,18 @@ def test_starts_embedded_servers_and_removes_its_temp_state() -> None:
     assert state_dir is not None and not state_dir.exists()
 
 
+def test_each_service_runs_on_its_own_identities_and_comes_up_with_them(tmp_path: Path) -> None:
+    """With embedded servers, a service gets its own NKey seed and S3 key (not the operator's, which
+    `settings_env` carries), and becomes ready on them."""
+    with LocalStack(services=("checkpoints",), state_dir=tmp_path / "stack") as stack:
+        env = stack.service("checkpoints").env
+        own = CommonSettings(**{k.removeprefix("CRUCIBLE_").lower(): v for k, v in env.items() if k.startswith("CRUCIBLE_")})
+        assert own.nats_nkey_file == stack.identities / "checkpoints" / "seed.nk"
+        assert own.s3_access_key == "crucible-checkpoints" != stack.settings_env["CRUCIBLE_S3_ACCESS_KEY"]
+        assert stack.settings_env["CRUCIBLE_NATS_NKEY_FILE"] == str(stack.identities / "admin" / "seed.nk")
+        assert stack.service("checkpoints").is_ready()
+
+
 async def test_async_context_manager_reuses_given_servers(
     tmp_path: Path, nats_url: str, redis_url: str, s3: dict[str, str], postgres_url: str
 ) -> None:

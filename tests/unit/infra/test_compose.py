@@ -16,9 +16,9 @@ CONDITIONS = {"service_started", "service_healthy", "service_completed_successfu
 USES_DATABASE = {"catalog", "api"}
 REQUIRED_FIELDS = {
     "nats_url",
+    "nats_nkey_file",
     "s3_endpoint",
-    "s3_access_key",
-    "s3_secret_key",
+    "s3_key_file",
     "s3_bucket",
     "redis_url",
     "http_host",
@@ -154,14 +154,27 @@ def test_published_ports_bind_loopback_only(compose: dict[str, Any]) -> None:
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
 
 
-def test_s3_credentials_match_minio_root_user(compose: dict[str, Any], interpolate) -> None:
+def test_minio_init_makes_each_service_a_user_with_its_own_key_and_policy(compose: dict[str, Any], services) -> None:
+    """The bucket is made with MinIO's root key; then each service gets a user of its own, its S3 key and
+    its policy from the identities volume (`crucible identities`), which is what the service mounts."""
+    from crucible.contracts.access import OBJECT_GRANTS
+
+    init = compose["services"]["minio-init"]
     minio_env = compose["services"]["minio"]["environment"]
-    for service in ("catalog", "checkpoints"):
-        env = compose["services"][service]["environment"]
-        assert interpolate(env["CRUCIBLE_S3_ACCESS_KEY"]) == interpolate(minio_env["MINIO_ROOT_USER"])
-        assert interpolate(env["CRUCIBLE_S3_SECRET_KEY"]) == interpolate(minio_env["MINIO_ROOT_PASSWORD"])
-    bucket = interpolate(compose["services"]["api"]["environment"]["CRUCIBLE_S3_BUCKET"])
-    assert f"crucible/{bucket}" in " ".join(compose["services"]["minio-init"]["command"])
+    assert init["environment"]["MINIO_ROOT_USER"] == minio_env["MINIO_ROOT_USER"]
+    assert init["environment"]["MINIO_ROOT_PASSWORD"] == minio_env["MINIO_ROOT_PASSWORD"]
+    script = init["command"][0]
+    bucket = compose["services"]["api"]["environment"]["CRUCIBLE_S3_BUCKET"]
+    assert f"mc mb --ignore-existing crucible/{bucket}" in script
+    loop = re.search(r"for s in ([a-z ]+); do", script)
+    assert loop and set(loop.group(1).split()) == set(OBJECT_GRANTS) == set(services)
+    for step in ('"/identities/$$s/s3.key"', '"/identities/server/minio/$$s.json"', "mc admin user add", "mc admin policy attach"):
+        assert step in script, step
+    assert "identities:/identities:ro" in init["volumes"]
+    assert init["depends_on"]["identities"]["condition"] == "service_completed_successfully"
+    for service in services:
+        assert compose["services"][service]["environment"]["CRUCIBLE_S3_KEY_FILE"] == "/run/crucible/identity/s3.key"
+        assert compose["services"][service]["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
 
 
 def test_database_url_matches_postgres_credentials(compose: dict[str, Any], interpolate) -> None:
@@ -172,11 +185,11 @@ def test_database_url_matches_postgres_credentials(compose: dict[str, Any], inte
 
 
 def identity_mounts(svc: dict[str, Any]) -> list[tuple[str, str]]:
-    """(target, subpath) of each read-only mount of the bus-identities volume."""
+    """(target, subpath) of each read-only mount of the identities volume."""
     return [
         (m["target"], m["volume"]["subpath"])
         for m in svc.get("volumes", [])
-        if isinstance(m, dict) and m.get("source") == "bus-identities" and m.get("read_only")
+        if isinstance(m, dict) and m.get("source") == "identities" and m.get("read_only")
     ]
 
 
@@ -185,18 +198,18 @@ def identity_mounts(svc: dict[str, Any]) -> list[tuple[str, str]]:
 )
 def test_each_service_mounts_its_own_bus_identity_and_no_other(compose: dict[str, Any], service: str) -> None:
     svc = compose["services"][service]
-    assert identity_mounts(svc) == [("/run/crucible/bus", service)]
-    assert svc["environment"]["CRUCIBLE_NATS_NKEY_FILE"] == "/run/crucible/bus/seed.nk"
+    assert identity_mounts(svc) == [("/run/crucible/identity", service)]
+    assert svc["environment"]["CRUCIBLE_NATS_NKEY_FILE"] == "/run/crucible/identity/seed.nk"
     assert svc["depends_on"]["bus-setup"]["condition"] == "service_completed_successfully"
 
 
 def test_nats_admits_only_the_bus_identities_and_sees_no_seed(compose: dict[str, Any], repo) -> None:
     services = compose["services"]
-    assert services["bus-identities"]["command"][:3] == ["crucible", "bus", "identities"]
+    assert services["identities"]["command"][:2] == ["crucible", "identities"]
     assert identity_mounts(services["nats"]) == [("/etc/nats/bus", "server")]
-    assert services["nats"]["depends_on"]["bus-identities"]["condition"] == "service_completed_successfully"
+    assert services["nats"]["depends_on"]["identities"]["condition"] == "service_completed_successfully"
     assert 'include "bus/auth.conf"' in (repo / "infra" / "nats" / "nats.conf").read_text()
-    assert identity_mounts(services["bus-setup"]) == [("/run/crucible/bus", "admin")]
+    assert identity_mounts(services["bus-setup"]) == [("/run/crucible/identity", "admin")]
     assert services["bus-setup"]["command"] == ["crucible", "bus", "setup"]
 
 
@@ -235,4 +248,4 @@ def test_the_tls_override_turns_tls_on_for_every_client_and_both_servers(compose
         assert env["CRUCIBLE_NATS_TLS_CA_FILE"] == env["CRUCIBLE_S3_CA_FILE"] == f"{mount['target']}/ca.pem"
     assert {"--tls", "--tlscert", "--tlskey"} <= set(tls["services"]["nats"]["command"])
     assert "--certs-dir" in tls["services"]["minio"]["command"]
-    assert "https://minio:9000" in tls["services"]["minio-init"]["command"][0]
+    assert tls["services"]["minio-init"]["environment"]["MINIO_URL"] == "https://minio:9000"
