@@ -4,8 +4,9 @@ store, and what the servers need to hold each to its grants (`crucible.contracts
 One folder per identity, so that a deployment mounts each service its own and nothing else:
 - `<identity>/seed.nk` (0600), the bus credential (`CRUCIBLE_NATS_NKEY_FILE`). The server holds only
   the public keys, in `server/auth.conf` (nats-server's authorization), which carries no secret.
-- `<identity>/s3.key` (0600, services only), its S3 access key and secret key (`CRUCIBLE_S3_KEY_FILE`);
-  `server/minio/<service>.json` is its grants as a MinIO policy. The operator uses the store's root key.
+- `<identity>/s3.key` (0600), its S3 access key and secret key (`CRUCIBLE_S3_KEY_FILE`);
+  `server/minio/<service>.json` is a service's grants as a MinIO policy. The operator's is the root key
+  of a store the local stack runs; a deployment's store has its own root key.
 Everything is made once per folder and kept: a stack started again on the same state keeps its
 identities. `crucible up` writes them into its state folder; for compose and Kubernetes,
 `crucible identities DIR` writes the same files for the deployment to mount.
@@ -63,10 +64,9 @@ def public_key(seed_path: Path) -> str:
     return key
 
 
-def s3_key_file(folder: Path, service: str) -> Path:
-    if service not in OBJECT_GRANTS:
-        raise ValueError(f"no service {service!r} with an S3 key; known: {', '.join(OBJECT_GRANTS)}")
-    return folder / service / S3_KEY
+def s3_key_file(folder: Path, identity: str) -> Path:
+    permissions(identity)
+    return folder / identity / S3_KEY
 
 
 def read_s3_key(path: Path) -> tuple[str, str]:
@@ -78,8 +78,8 @@ def read_s3_key(path: Path) -> tuple[str, str]:
 
 
 def ensure_identities(folder: Path) -> dict[str, str]:
-    """Every identity's seed and every service's S3 key in `folder` (made where missing, mode 0600):
-    identity -> its NKey's public key."""
+    """Every identity's seed and S3 key in `folder` (made where missing, mode 0600): identity -> its NKey's
+    public key."""
     keys = {}
     for identity in IDENTITIES:
         path = seed_file(folder, identity)
@@ -87,7 +87,7 @@ def ensure_identities(folder: Path) -> dict[str, str]:
         if not path.exists():
             write_private(path, nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode())
         keys[identity] = public_key(path)
-        if identity in OBJECT_GRANTS and not s3_key_file(folder, identity).exists():
+        if not s3_key_file(folder, identity).exists():
             write_private(s3_key_file(folder, identity), f"crucible-{identity}\n{secrets.token_hex(24)}")
     return keys
 

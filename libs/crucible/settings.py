@@ -24,8 +24,9 @@ class CommonSettings(BaseSettings):
     """The CA certificate(s) that sign the NATS server's: the connection is TLS, the server verified."""
     s3_endpoint: str = "127.0.0.1:8333"
     """S3 API endpoint, host:port (MinIO, SeaweedFS or any S3 server)."""
-    s3_access_key: str = "crucible"
-    s3_secret_key: str = "crucible-secret"
+    s3_access_key: str = ""
+    s3_secret_key: str = ""
+    """The S3 key; none is written in code (the local stack makes one, a deployment gives its own)."""
     s3_key_file: Path | None = None
     """This service's own S3 key, from a file (`crucible.identities`: the access key and the secret key on
     two lines); it replaces s3_access_key and s3_secret_key."""

@@ -23,7 +23,7 @@ from typing import Self
 from crucible.aio import run_sync
 from crucible.apikeys import KEY_FILE, ensure_key_file
 from crucible.contracts.access import ADMIN
-from crucible.identities import s3_key_file, s3_keys, seed_file
+from crucible.identities import read_s3_key, s3_key_file, s3_keys, seed_file
 from crucible.localstack.migrations import check_database_url, run_migrations
 from crucible.localstack.processes import LOOPBACK, free_ports, stop_processes
 from crucible.localstack.servers import Server, start_nats, start_redis, start_seaweedfs
@@ -46,8 +46,8 @@ class LocalStack:
         nats_url: str | None = None,
         s3_endpoint: str | None = None,
         s3_secure: bool = False,
-        s3_access_key: str = _DEFAULTS["s3_access_key"].default,
-        s3_secret_key: str = _DEFAULTS["s3_secret_key"].default,
+        s3_access_key: str | None = None,
+        s3_secret_key: str | None = None,
         s3_bucket: str = _DEFAULTS["s3_bucket"].default,
         database_url: str | None = None,
         redis_url: str | None = None,
@@ -152,6 +152,8 @@ class LocalStack:
             urls["redis"] = self._add_server(start_redis(state_dir=self.state_dir)).url
         if urls["s3"] is None:
             self._s3_keys = s3_keys(self.identities)
+            if not self._s3["access_key"]:  # the operator's, made with the identities like every other key
+                self._s3["access_key"], self._s3["secret_key"] = read_s3_key(s3_key_file(self.identities, ADMIN))
             urls["s3"] = self._add_server(self._start_seaweedfs()).endpoint
         if urls["database"] is None:
             urls["database"] = f"sqlite+aiosqlite:///{self.state_dir / 'crucible.db'}"
@@ -159,8 +161,8 @@ class LocalStack:
             "CRUCIBLE_NATS_URL": urls["nats"],
             "CRUCIBLE_S3_ENDPOINT": urls["s3"],
             "CRUCIBLE_S3_SECURE": str(self._s3["secure"]).lower(),
-            "CRUCIBLE_S3_ACCESS_KEY": self._s3["access_key"],
-            "CRUCIBLE_S3_SECRET_KEY": self._s3["secret_key"],
+            "CRUCIBLE_S3_ACCESS_KEY": self._s3["access_key"] or "",
+            "CRUCIBLE_S3_SECRET_KEY": self._s3["secret_key"] or "",
             "CRUCIBLE_S3_BUCKET": self._s3["bucket"],
             "CRUCIBLE_DATABASE_URL": urls["database"],
             "CRUCIBLE_REDIS_URL": urls["redis"],
