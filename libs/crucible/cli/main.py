@@ -21,7 +21,7 @@ COMMAND_MODULES = (
     "crucible.cli.model",
     "crucible.cli.serve",
     "crucible.cli.deadletters",
-    "crucible.cli.bus",
+    "crucible.cli.identities",
     "services.sandbox.cli",
     "services.catalog.cli",
 )
