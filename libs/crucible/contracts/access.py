@@ -204,8 +204,13 @@ WEIGHTS = "runs/*/weights/*"
 
 OBJECT_GRANTS: dict[str, tuple[ObjectGrant, ...]] = {
     "catalog": (ObjectGrant("tasksets/*", write=True), BUS_CLAIMS),
-    # task snapshots and hidden tests, to unpack; nothing else, and nothing to write: the agent's code runs here
-    "sandbox": (ObjectGrant("tasksets/*"),),
+    # where the agent's code runs: task snapshots and hidden tests to unpack, the big requests sent to it;
+    # it writes only the claim checks of its own big replies (a diff, a test report), which nothing but the
+    # asker's reply points at, by sha256
+    "sandbox": (
+        ObjectGrant("tasksets/*"), ObjectGrant(f"bus/{SANDBOX_CALLS}"),
+        ObjectGrant(f"bus/{INBOX}.*", write=True),
+    ),
     "rollout": (ObjectGrant(WEIGHTS), ObjectGrant(TRAJECTORIES, write=True), BUS_CLAIMS),
     "grader": (ObjectGrant(TRAJECTORIES), ObjectGrant("runs/*/trajectories/*/graded*", write=True), BUS_CLAIMS),
     "trainer": (

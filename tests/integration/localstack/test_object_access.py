@@ -1,7 +1,7 @@
 """Each service's own S3 key, against a real SeaweedFS configured from `crucible.contracts.access` as the
 local stack configures it: what a service needs works, and what it has no business doing is refused
 (`AccessRefused`, not an outage to wait out). Above all the sandbox, where the agent's code runs, reads
-task snapshots and nothing else, and writes nothing."""
+task snapshots and the big requests sent to it, and writes only the claim checks of its own replies."""
 
 from __future__ import annotations
 
@@ -58,9 +58,12 @@ async def test_each_service_does_its_work_and_nothing_else(stores):
 
     sandbox = stores["sandbox"]
     assert await sandbox.get_bytes(sandbox.uri(SNAPSHOT), verify=False) == b"x"
+    await operator.put_bytes("bus/sandbox.r1.write_file/0123.msgpack", b"big request")
+    assert await sandbox.get_bytes(sandbox.uri("bus/sandbox.r1.write_file/0123.msgpack"), verify=False)
+    await sandbox.put_bytes("bus/_INBOX.rollout.abc.def/0123.msgpack", b"a big reply")  # a 4 MiB diff, say
     for key in (WEIGHTS, TRAJECTORY, STATE, CLAIM):
         await refused(sandbox.get_bytes(sandbox.uri(key), verify=False))
-    for key in (SNAPSHOT, CLAIM, TRAJECTORY):
+    for key in (SNAPSHOT, CLAIM, TRAJECTORY, "bus/sandbox.r1.write_file/forged.msgpack"):
         await refused(sandbox.put_bytes(key, b"forged"))
 
     grader = stores["grader"]
