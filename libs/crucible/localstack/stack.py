@@ -94,7 +94,6 @@ class LocalStack:
         self.api_key_file: Path | None = None
         self.identities: Path | None = None
         """The service identities, when the stack runs its own NATS or S3 (else None: the given servers' rules)."""
-        self._bus_identities = False
         self._s3_keys: dict[str, tuple[str, str]] = {}
         """Each service's own S3 key, when the stack runs its own S3."""
         self._started = False
@@ -145,7 +144,6 @@ class LocalStack:
         if urls["nats"] is None or urls["s3"] is None:
             self.identities = self.state_dir / IDENTITIES_DIR
         if urls["nats"] is None:
-            self._bus_identities = True
             urls["nats"] = self._add_server(self._start_nats()).url
             operator["CRUCIBLE_NATS_NKEY_FILE"] = str(seed_file(self.identities, ADMIN))
         if urls["redis"] is None:
@@ -194,7 +192,7 @@ class LocalStack:
 
         async def work() -> None:
             await ObjectStore.from_settings(settings).ensure_bucket()
-            if self._bus_identities:
+            if "nats" in self.servers:  # embedded, so it admits the stack's identities only
                 bus = await Bus.connect(settings, name=ADMIN)
                 try:
                     await bus.ensure_streams()
@@ -222,7 +220,7 @@ class LocalStack:
         }
         for name, http_port in zip(self.service_names, ports, strict=False):
             env = {**base_env, "CRUCIBLE_HTTP_PORT": str(http_port)}
-            if self._bus_identities:
+            if "nats" in self.servers:
                 env["CRUCIBLE_NATS_NKEY_FILE"] = str(seed_file(self.identities, name))
             if self._s3_keys:
                 env["CRUCIBLE_S3_KEY_FILE"] = str(s3_key_file(self.identities, name))
