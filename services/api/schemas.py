@@ -75,6 +75,12 @@ class CheckpointOut(BaseModel):
     manifest_uri: str
     num_tensors: int
     size_bytes: int
+    """Bytes of the version's shards in the object store."""
+    kind: str
+    """full, or delta: rebuilt from the full version `base_version` (a replica needs both)."""
+    base_version: int | None
+    raw_bytes: int
+    """Bytes of the weights it reproduces (0 for versions recorded before deltas)."""
     created_at: datetime
 
 

@@ -23,6 +23,7 @@ def check_manifest(*, manifest: WeightsManifest, bucket: str) -> None:
         raise RequestError("bad_version", f"version {manifest.version} and step {manifest.step} must be >= 0")
     if not manifest.shards or not manifest.tensors:
         raise RequestError("empty", "a manifest needs at least one shard and one tensor")
+    check_kind(manifest)
     prefix = version_prefix(manifest.run_id, manifest.version)
     for index, ref in enumerate(manifest.shards):
         try:
@@ -47,17 +48,48 @@ def check_manifest(*, manifest: WeightsManifest, bucket: str) -> None:
             raise RequestError(
                 "bad_tensor", f"tensor {entry.name} has shape {entry.shape} and dtype {entry.dtype!r}"
             )
+        if (entry.sha256 or manifest.kind == "delta") and not _is_sha256(entry.sha256):
+            raise RequestError("bad_tensor", f"tensor {entry.name} has sha256 {entry.sha256!r}")
         used.add(entry.shard)
     if unused := sorted(set(range(len(manifest.shards))) - used):
         raise RequestError("bad_shard", f"shards {unused} hold no tensor of the manifest")
 
 
+def check_kind(manifest: WeightsManifest) -> None:
+    """A full version names no base; a delta names an older version as its base (whether that one is a
+    full snapshot with the same tensors needs the store: `check_delta_base`)."""
+    if manifest.raw_bytes < 0:
+        raise RequestError("bad_version", f"raw_bytes {manifest.raw_bytes} must be >= 0")
+    if manifest.kind == "full":
+        if manifest.base_version is not None:
+            raise RequestError(
+                "bad_base", f"full version {manifest.version} names base {manifest.base_version}"
+            )
+    elif manifest.base_version is None or not 0 <= manifest.base_version < manifest.version:
+        raise RequestError(
+            "bad_base",
+            f"delta version {manifest.version} needs an older base version, not {manifest.base_version}",
+        )
+
+
+def check_delta_base(*, delta: WeightsManifest, base: WeightsManifest) -> None:
+    """A delta applies to a full version with the same tensors, of the same shapes and dtypes."""
+    if base.kind != "full":
+        raise RequestError("bad_base", f"base version {base.version} is a delta, not a full snapshot")
+    if sorted((e.name, e.shape, e.dtype) for e in delta.tensors) != sorted(
+        (e.name, e.shape, e.dtype) for e in base.tensors
+    ):
+        raise RequestError(
+            "bad_base",
+            f"delta version {delta.version} has other tensors than its base version {base.version}",
+        )
+
+
+def _is_sha256(value: str) -> bool:
+    return len(value) == 64 and all(c in "0123456789abcdef" for c in value)
+
+
 def same_weights(a: WeightsManifest, b: WeightsManifest) -> bool:
     """Two commits of one version are the same if everything but their creation time agrees."""
-    return (a.run_id, a.version, a.step, a.tensors, a.shards) == (
-        b.run_id,
-        b.version,
-        b.step,
-        b.tensors,
-        b.shards,
-    )
+    keys = ("run_id", "version", "step", "tensors", "shards", "kind", "base_version", "raw_bytes")
+    return all(getattr(a, k) == getattr(b, k) for k in keys)

@@ -1,7 +1,8 @@
 """Committing and looking up weight versions.
 
 A version exists once its manifest is in the object store and its announcement is on the WEIGHTS
-stream; the announcement is what makes it visible. Committing is idempotent: the trainer retries after a
+stream; the announcement is what makes it visible. A delta version is committed only on top of a
+committed full version with the same tensors (its base). Committing is idempotent: the trainer retries after a
 crash, and an identical re-commit re-publishes with the same message ids, which JetStream de-duplicates.
 """
 
@@ -17,7 +18,7 @@ from crucible.contracts.messages import ObjectRef, WeightsAnnounced, WeightsMani
 from crucible.objectstore import ObjectNotFound, ObjectStore
 from services.checkpoints.metrics import ANNOUNCED, COMMITTED_BYTES
 from services.checkpoints.shards import verify_shards
-from services.checkpoints.validation import check_manifest, check_run_id, same_weights
+from services.checkpoints.validation import check_delta_base, check_manifest, check_run_id, same_weights
 
 
 async def latest_announced(*, bus: Bus, run_id: str) -> WeightsAnnounced | None:
@@ -41,12 +42,28 @@ async def commit(*, bus: Bus, store: ObjectStore, manifest: WeightsManifest, chu
         if manifest.version < latest.version:
             return ref  # re-announcing an older version would make it the latest again
     else:
+        if manifest.kind == "delta":
+            await _check_base(store=store, manifest=manifest)
         await verify_shards(store=store, shards=manifest.shards, chunk_bytes=chunk_bytes)
         ref = await _stored_if_same(store=store, manifest=manifest, key=key)
         if ref is None:
             ref = await store.put_bytes(key, encode(manifest), content_type="application/msgpack")
     await announce(bus=bus, manifest=manifest, ref=ref)
     return ref
+
+
+async def _check_base(*, store: ObjectStore, manifest: WeightsManifest) -> None:
+    """A delta is committed only while its base is there to apply it to (retention keeps it from then on)."""
+    try:
+        base = await read_manifest(
+            store=store, ref=store.uri(manifest_key(manifest.run_id, manifest.base_version))
+        )
+    except ObjectNotFound as exc:
+        raise RequestError(
+            "bad_base",
+            f"delta version {manifest.version}: base version {manifest.base_version} is not committed",
+        ) from exc
+    check_delta_base(delta=manifest, base=base)
 
 
 async def _stored_if_same(*, store: ObjectStore, manifest: WeightsManifest, key: str) -> ObjectRef | None:
@@ -92,6 +109,9 @@ async def announce(*, bus: Bus, manifest: WeightsManifest, ref: ObjectRef) -> No
         manifest_uri=ref.uri,
         num_tensors=len(manifest.tensors),
         size_bytes=sum(s.size for s in manifest.shards),
+        weights=manifest.kind,
+        base_version=manifest.base_version,
+        raw_bytes=manifest.raw_bytes,
     )
     event = Event.now(run_id, published, source="checkpoints")
     await bus.publish(event.subject, event, msg_id=event.msg_id)

@@ -11,7 +11,7 @@ import uuid
 from redis.exceptions import RedisError
 
 from crucible.agent.episode import run_episode
-from crucible.clients.checkpoints import load_weights
+from crucible.clients.checkpoints import WeightsFollower
 from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts import subjects
 from crucible.contracts.events import Event, RolloutReport
@@ -55,6 +55,7 @@ class RunWorker:
                 prefill_chunk=self.settings.prefill_chunk,
             )
         )  # fmt: skip
+        self.weights = WeightsFollower(bus=rt.bus, store=rt.store, run_id=run_id)  # keeps the last full version
         self.new_version = asyncio.Event()
         self.latest_announced = -1
         self.sandboxes = SandboxClient(rt.bus)
@@ -71,9 +72,7 @@ class RunWorker:
         if version < self.latest_announced or version <= self.engine.version:
             return  # a newer version is on its way or already loaded
         try:
-            manifest, state = await load_weights(
-                bus=self.rt.bus, store=self.rt.store, run_id=self.run_id, version=version
-            )
+            manifest, state = await self.weights.load(version)  # shards in parallel, every tensor verified
             if manifest.version < self.latest_announced:
                 return  # a newer one was announced while this downloaded
             await self.engine.load(state, manifest.version)

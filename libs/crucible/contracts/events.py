@@ -63,7 +63,10 @@ class CheckpointPublished(EventData, tag="checkpoint"):
     step: int
     manifest_uri: str
     num_tensors: int = 0
-    size_bytes: int = 0
+    size_bytes: int = 0  # what the version's shards take in the object store
+    weights: str = "full"  # or "delta": its shards rebuild the weights from those of `base_version`
+    base_version: int | None = None
+    raw_bytes: int = 0  # the weights it reproduces (0 from a checkpoints service before deltas)
 
 
 class RolloutReport(EventData, tag="rollout"):

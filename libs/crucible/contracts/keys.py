@@ -35,6 +35,14 @@ def shard_key(run_id: str, version: int, index: int) -> str:
     return f"{version_prefix(run_id, version)}shard-{index}.safetensors"
 
 
+DELTA_SHARD_SUFFIX = ".xor.zst"
+
+
+def delta_shard_key(run_id: str, version: int, index: int) -> str:
+    """A delta version's shard: zstd-compressed XOR with its base (crucible.model.weight_delta)."""
+    return f"{version_prefix(run_id, version)}delta-{index}{DELTA_SHARD_SUFFIX}"
+
+
 def manifest_key(run_id: str, version: int) -> str:
     return f"{version_prefix(run_id, version)}manifest.msgpack"
 

@@ -9,6 +9,7 @@ history events are in `events`, the run configuration (a pydantic model, validat
 from __future__ import annotations
 
 import time
+from typing import Literal
 
 import msgspec
 
@@ -255,15 +256,25 @@ class TensorEntry(msgspec.Struct, kw_only=True):
     shape: list[int]
     dtype: str
     shard: int  # index into WeightsManifest.shards
+    sha256: str = ""
+    """sha256 of the tensor's raw bytes as published: what a loader must end up with, whether it read the
+    tensor whole or rebuilt it from a delta (empty in manifests written before deltas existed)."""
 
 
 class WeightsManifest(Message, tag="weights.manifest.v1"):
+    """One weight version. A `full` version's shards are safetensors files; a `delta` version's shards
+    (`crucible.model.weight_delta`) each hold, zstd-compressed, the XOR of its tensors' raw bits with those
+    of the same tensors in the full version `base_version`, so a loader needs both."""
+
     run_id: str
     version: int
     step: int
     created_at: float
     tensors: list[TensorEntry]
-    shards: list[ObjectRef]  # safetensors files
+    shards: list[ObjectRef]
+    kind: Literal["full", "delta"] = "full"
+    base_version: int | None = None  # the full version a delta applies to; None for a full version
+    raw_bytes: int = 0  # the bytes of the tensors it reproduces (the shards hold sum(shard.size))
 
 
 class CommitRequest(Message, tag="checkpoints.commit.v1"):

@@ -178,7 +178,13 @@ class Checkpoint(Base):
     manifest_uri: Mapped[str] = mapped_column(String(500))
     num_tensors: Mapped[int] = mapped_column(Integer)
     size_bytes: Mapped[int] = mapped_column(BigInteger)
+    """What the version's shards take in the object store."""
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    kind: Mapped[str] = mapped_column(String(8), default="full", server_default="full")
+    """full, or delta: its shards rebuild the weights from those of the full version `base_version`."""
+    base_version: Mapped[int | None] = mapped_column(Integer)
+    raw_bytes: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")
+    """The size of the weights it reproduces (0: recorded before deltas existed)."""
 
 
 class Evaluation(Base):

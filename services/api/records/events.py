@@ -50,6 +50,9 @@ async def apply_event(*, session: AsyncSession, event: Event) -> None:
             manifest_uri=data.manifest_uri,
             num_tensors=data.num_tensors,
             size_bytes=data.size_bytes,
+            kind=data.weights,
+            base_version=data.base_version,
+            raw_bytes=data.raw_bytes,
             created_at=when(event.ts),
         )
     await session.commit()

@@ -69,7 +69,10 @@ async def test_commit_stores_manifest_and_announces(bus, store):
         manifest_uri=announced.manifest.uri,
         num_tensors=4,
         size_bytes=sum(s.size for s in manifest.shards),
+        weights="full",
+        raw_bytes=manifest.raw_bytes,
     )
+    assert manifest.raw_bytes == sum(t.numel() * t.element_size() for t in state_dict().values())
 
     await publish_weights(bus=bus, store=store, run_id=run_id, version=1, step=2, state_dict=state_dict(1))
     assert (await get_manifest(bus=bus, run_id=run_id)).version == 1
