@@ -2,7 +2,7 @@
 
 The prompt names one of the agent's tools ("use grep #417"); the reward is 1 when the policy's action
 calls that tool. Sampling runs through the rollout's engine (constrained decoding, per-token versions
-and behaviour logprobs, router replay), training through the trainer's batch and step code with the
+and behaviour logprobs, router replay), training through the trainer service's worker group (one rank) with the
 run config's loss and advantages, and the sampler's weights lag the trainer's (a new version every
 `publish_every` steps), so the importance ratios and staleness are exercised as in a real run.
 
@@ -29,11 +29,11 @@ from crucible.agent import grammar, tokenizer
 from crucible.agent.episode import packed_arrays
 from crucible.contracts.messages import GradedTrajectory, Reward, Trajectory
 from crucible.contracts.runconfig import RunConfig
-from crucible.model import PRESETS, Transformer, build_model
+from crucible.model import Transformer
+from crucible.model.sources import initial_model
 from crucible.rl.advantages import group_advantages
 from services.rollout.engine import PolicyEngine
-from services.trainer.batch import collate
-from services.trainer.step import train_step
+from services.trainer.group import PolicyGroup
 
 TOOLS = tokenizer.TOOLS
 TRAIN_NUMBERS = range(0, 500)
@@ -106,8 +106,8 @@ def run_arm(*, loss: str, seed: int, steps: int, control: bool, eval_every: int 
     config = sanity_config(loss=loss, seed=seed)
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    model = build_model(PRESETS["tiny"], precision=config.model.precision, seed=seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.optim.learning_rate, weight_decay=0.0)
+    model = initial_model(config.model.source, seed=seed, precision=config.model.precision)  # for evaluation
+    policy = PolicyGroup(config, timeout_s=300)  # the trainer service's worker group, one rank
     engine = PolicyEngine(config=config, max_context=64)
     version = 0
     engine.swap({k: v.detach().clone() for k, v in model.state_dict().items()}, version)
@@ -139,15 +139,16 @@ def run_arm(*, loss: str, seed: int, steps: int, control: bool, eval_every: int 
                 GradedTrajectory(trajectory=t, reward=Reward(total=r, tests_passed=0, tests_total=0), graded_at=0.0)
                 for t, r in zip(group, rewards)
             ]
-        train_step(
-            model=model, optimizer=optimizer, batch=collate([g.trajectory for g in graded], advantages), optim=config.optim,
-            temperature=temperature,
-        )  # fmt: skip
-        if step % schedule.publish_every == 0:  # the sampler lags: up to publish_every - 1 steps stale
+        policy.train([g.trajectory for g in graded], advantages)
+        publish, evaluate = step % schedule.publish_every == 0, step % eval_every == 0 or step == steps
+        if publish or evaluate:
+            model.load_state_dict(policy.weights())
+        if publish:  # the sampler lags: up to publish_every - 1 steps stale
             version += 1
             engine.swap({k: v.detach().clone() for k, v in model.state_dict().items()}, version)
-        if step % eval_every == 0 or step == steps:
+        if evaluate:
             accuracy.append((step, greedy_accuracy(model, held_out, temperature=temperature)))
+    policy.close()
     return ArmResult(loss=loss, seed=seed, control=control, accuracy=accuracy, seconds=time.perf_counter() - started)
 
 

@@ -6,7 +6,7 @@ and `Batch.from_rows` move per-token values between the two layouts."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 
 import torch
 
@@ -27,6 +27,13 @@ class Batch:
     row_BT: torch.Tensor  # long: the model row (one per context) each token is fed in; padding: row 0
     column_BT: torch.Tensor  # long: its position in that row; padding: past every row's end
     rows: int  # contexts in the batch: B when every trajectory is one context
+
+    def to(self, device: torch.device) -> Batch:
+        """The same batch with every tensor on `device` (itself when they already are)."""
+        if self.tokens_BT.device == device:
+            return self
+        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+        return replace(self, **moved)
 
     @property
     def one_context_each(self) -> bool:

@@ -1,20 +1,27 @@
-"""One training run: consume graded groups, take optimizer steps, publish weight versions.
+"""One training run: consume graded groups, take optimizer steps in the run's worker group, publish
+weight versions.
 
-Order of each step: train, save the trainer state (weights, optimizer, step, version, the ids trained
-so far) to the object store, publish the weight version if one is due, then ack the step's messages.
-A trainer that dies at any point resumes from the saved state: messages it had not acked are
-redelivered, those the saved state already trained on are acked and skipped, and a version the state
-holds but the checkpoints never announced is published again (the same bytes, so the commit is
-idempotent). Acked means trained, and trained means saved: each trajectory is trained at most once.
+The policy lives in the run's worker group (services.trainer.group: `parallel` in the run config, one
+rank or many, local processes or Ray actors); this job feeds it batches and keeps the run's books.
+Order of each step: train; every `schedule.save_every` steps and at every published version, save the
+trainer state (each rank's shards of the weights and optimizer with torch.distributed.checkpoint, then
+the step, version and the ids trained so far) to the object store; publish the weight version if one
+is due; then ack the messages trained since the last save. A trainer (or a rank) that dies at any point
+resumes from the saved state in a fresh group: messages it had not acked are redelivered and trained
+again, those the saved state already trained on are acked and skipped, and a version the state holds
+but the checkpoints never announced is published again (the same bytes, so the commit is idempotent).
+Acked means trained and saved: each trajectory is in the saved state at most once.
 """
 
 from __future__ import annotations
 
 import asyncio
-import io
 import math
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import msgspec
 import torch
@@ -29,24 +36,23 @@ from crucible.contracts.keys import DAY_S, finished_key, refills_key, trainer_st
 from crucible.contracts.messages import (
     EvalRequest,
     GradedTrajectory,
+    ObjectRef,
     RunCreated,
     scheduled_eval_id,
 )
 from crucible.contracts.packing import unpack
 from crucible.contracts.trajectories import check_trajectory
-from crucible.model import Transformer
-from crucible.model.sources import initial_model, load_tokenizer
-from crucible.objectstore import ObjectNotFound
+from crucible.model.sources import load_tokenizer, model_config
+from crucible.objectstore import IntegrityError, ObjectNotFound
 from crucible.outage import Unavailable
 from crucible.rl.advantages import group_advantages, is_uniform
 from crucible.rl.staleness import staleness
 from crucible.runs import end_run, run_end
 from crucible.runtime import Runtime
-from services.trainer.batch import collate
+from services.trainer.group import NonFiniteStep, PolicyGroup
 from services.trainer.metrics import SKIPPED_STEPS, STEP_SECONDS, STEPS, TRAJECTORIES, VERSION
 from services.trainer.settings import Settings
 from services.trainer.sft import batches, render
-from services.trainer.step import NonFiniteStep, sft_step, train_step
 
 PUBLISH_ATTEMPTS = 5
 MAX_REPORTED_LOSSES = 200
@@ -58,6 +64,19 @@ class RunStartError(RuntimeError):
 
 class RunFailed(RuntimeError):
     """The run cannot go on (the message says why): it ends as failed."""
+
+
+class SavedState(msgspec.Struct, kw_only=True):
+    """The index of one saved trainer state: the run's books, and the ranks' checkpoint files (written by
+    torch.distributed.checkpoint) with the sha256 each must read back with. Written last: a state whose
+    index is missing or whose files do not verify was torn, and the other slot holds the one before."""
+
+    step: int
+    version: int
+    trained: list[str]
+    last_step: StepReport | None = None
+    world_size: int
+    files: dict[str, ObjectRef]
 
 
 @dataclass
@@ -72,21 +91,17 @@ class RunJob:
         self.settings = rt.settings
         self.run_id = created.run_id
         self.config = created.config
-        self.model = self._build_model()
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.config.optim.learning_rate, weight_decay=0.0)
-        # The frozen starting policy for the KL term: the run's version 0, loaded once it is published.
-        self.reference = (
-            Transformer(self.model.cfg, precision=self.config.model.precision).requires_grad_(False).eval()
-            if self.config.optim.kl_coef > 0
-            else None
-        )
+        self.policy: PolicyGroup | None = None  # the run's worker group, started by `run`
+        self.max_seq_len = model_config(self.config.model.source).max_seq_len
         self.dropped_groups = 0  # uniform-reward groups dropped since the last step
         self.skipped_steps = 0  # steps skipped for non-finite numbers since the last step taken
         self.tokenizer = load_tokenizer(self.config.model.source)
         self.tool_calls = (  # the rollouts' action grammar, replayed over the sampled tokens
             None
             if self.tokenizer is None
-            else ToolCallGrammar.for_agent(self.tokenizer, vocab_size=self.model.cfg.vocab_size, agent=self.config.agent)
+            else ToolCallGrammar.for_agent(
+                self.tokenizer, vocab_size=model_config(self.config.model.source).vocab_size, agent=self.config.agent
+            )
         )
         self.step = 0
         self.version = -1
@@ -94,25 +109,34 @@ class RunJob:
         self.trained: set[str] = set()
         self.last_step: StepReport | None = None
         self.groups: dict[str, Group] = {}
-        self.in_step: list[Delivery] = []
+        self.in_step: list[Delivery] = []  # the step being taken's messages
+        self.unsaved: list[Delivery] = []  # trained since the last saved state: acked once it is saved
+        self.steps_unsaved = 0
+        self.state_dir = Path(tempfile.mkdtemp(prefix="state-", dir=self.settings.state_dir))
         self.arrived = asyncio.Event()
         self.last_arrival = time.monotonic()  # of a graded trajectory (or the run's start on this trainer)
         self.last_refill = 0.0  # when groups lost in flight were last replaced
         self.stop_consuming = asyncio.Event()
 
-    def _build_model(self) -> Transformer:
-        model = self.config.model
-        return initial_model(model.source, seed=self.config.seed, precision=model.precision)
+    async def _start_group(self) -> None:
+        self.policy = await asyncio.to_thread(
+            PolicyGroup, self.config, timeout_s=self.settings.step_timeout_s, ray_address=self.settings.ray_address
+        )
+        self.rt.log.info("worker group started", run_id=self.run_id, world_size=self.policy.world_size,
+                         launcher=self.policy.launcher)  # fmt: skip
+
+    async def _call(self, method: str, *args, **kwargs):
+        """A call on the run's worker group, in a thread (it blocks until every rank has answered)."""
+        return await asyncio.to_thread(getattr(self.policy, method), *args, **kwargs)
 
     async def _resume(self) -> None:
         """Take back the newest of the two saved states that reads whole (one torn or corrupt write
-        costs at most the step it held); none saved: a new run."""
+        costs at most the steps since the save before it); none saved: a new run."""
         found, unreadable = [], []
         for slot in (0, 1):
             try:
                 data = await self.rt.store.get_bytes(self.rt.store.uri(trainer_state_key(self.run_id, slot)), verify=False)
-                state = await asyncio.to_thread(torch.load, io.BytesIO(data), weights_only=True)
-                found.append(((int(state["step"]), int(state["version"])), slot, state))
+                found.append((slot, msgspec.json.decode(data, type=SavedState)))
             except ObjectNotFound:
                 continue
             except Unavailable:  # S3 away: the newest state may be in this slot; resume once it answers
@@ -120,18 +144,33 @@ class RunJob:
             except Exception as exc:  # a torn or foreign object: the other slot holds the state before it
                 unreadable.append(slot)
                 self.rt.log.warning("trainer state unreadable", run_id=self.run_id, slot=slot, error=repr(exc))
-        if not found:
-            if unreadable:
-                raise RunFailed(f"no saved trainer state reads whole (slots {unreadable}): the run cannot resume")
+        for slot, state in sorted(found, key=lambda item: (item[1].step, item[1].version), reverse=True):
+            if state.world_size != self.config.parallel.world_size:
+                raise RunFailed(f"the saved state is of {state.world_size} ranks, the run's config has {self.config.parallel.world_size}")
+            directory = self.state_dir / f"resume-{slot}"
+            try:
+                await self._download(state.files, directory)
+            except Unavailable:
+                raise
+            except (IntegrityError, ObjectNotFound) as exc:  # torn: files of a later save, or missing
+                unreadable.append(slot)
+                self.rt.log.warning("trainer state unreadable", run_id=self.run_id, slot=slot, error=repr(exc))
+                continue
+            await self._call("load", str(directory))
+            shutil.rmtree(directory, ignore_errors=True)
+            self.state_slot, self.step, self.version = slot, state.step, state.version
+            self.trained = set(state.trained)
+            self.last_step = state.last_step
+            self.rt.log.info("resumed run", run_id=self.run_id, step=self.step, version=self.version, slot=slot)
             return
-        _, self.state_slot, state = max(found, key=lambda item: item[0])
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.step, self.version = int(state["step"]), int(state["version"])
-        self.trained = set(state["trained"])
-        if state.get("last_step"):
-            self.last_step = msgspec.convert(state["last_step"], StepReport)
-        self.rt.log.info("resumed run", run_id=self.run_id, step=self.step, version=self.version, slot=self.state_slot)
+        if unreadable:
+            raise RunFailed(f"no saved trainer state reads whole (slots {sorted(set(unreadable))}): the run cannot resume")
+
+    async def _download(self, files: dict[str, ObjectRef], directory: Path) -> None:
+        shutil.rmtree(directory, ignore_errors=True)
+        directory.mkdir(parents=True)
+        for name, ref in files.items():
+            (directory / name).write_bytes(await self.rt.store.get_bytes(ref))
 
     async def _start(self) -> None:
         """A new run's version 0: the source's weights (or `model.init`'s), then the warm start if any."""
@@ -140,7 +179,7 @@ class RunJob:
             run_id, _, version = init.partition("@")
             try:
                 _, state = await load_weights(bus=self.rt.bus, store=self.rt.store, run_id=run_id, version=int(version))
-                self.model.load_state_dict(state, strict=True)
+                await self._call("load_weights", state)
             except Unavailable:
                 raise  # an outage, not a bad init: the run starts once the checkpoints service answers
             except Exception as exc:
@@ -155,7 +194,7 @@ class RunJob:
         try:
             demos = await render(
                 self.rt, run_id=self.run_id, config=self.config, tokenizer=self.tokenizer, tool_calls=self.tool_calls,
-                max_context=min(self.settings.max_context, self.model.cfg.max_seq_len),
+                max_context=min(self.settings.max_context, self.max_seq_len),
             )  # fmt: skip
         except DemonstrationError as exc:
             raise RunStartError(str(exc)) from exc
@@ -164,18 +203,17 @@ class RunJob:
         self.rt.log.info(
             "warm start", run_id=self.run_id, demonstrations=len(demos.trajectories), skipped=dict(demos.skipped)
         )
-        optimizer = torch.optim.AdamW(self.model.parameters(), lr=sft.learning_rate, weight_decay=0.0)
         losses, tokens = [], 0
         for batch in batches(demos.trajectories, steps=sft.steps, batch_size=sft.batch_size, seed=self.config.seed):
             if self.rt.stopping.is_set():
                 return  # nothing saved yet: a trainer that takes the run back starts the warm start again
-            metrics = await asyncio.to_thread(
-                sft_step, model=self.model, optimizer=optimizer, batch=collate(batch, [0.0] * len(batch)),
-                temperature=self.config.agent.temperature, max_grad_norm=self.config.optim.max_grad_norm,
-                tool_calls=self.tool_calls,
-            )  # fmt: skip
+            try:
+                metrics = await self._call("sft", batch, learning_rate=sft.learning_rate)
+            except NonFiniteStep as exc:
+                raise RunStartError(f"sft: {exc}") from exc
             losses.append(metrics["loss"])
             tokens += int(metrics["tokens"])
+        await self._call("end_sft")
         every = -(-len(losses) // MAX_REPORTED_LOSSES)
         report = WarmStartReport(
             demonstrations=len(demos.trajectories), skipped=dict(demos.skipped), steps=len(losses), tokens=tokens,
@@ -188,28 +226,36 @@ class RunJob:
 
     async def _load_reference(self) -> None:
         """The KL term's reference: version 0 as published (the start RL departs from)."""
-        if self.reference is not None:
+        if self.config.optim.kl_coef > 0:
             _, state = await load_weights(bus=self.rt.bus, store=self.rt.store, run_id=self.run_id, version=0)
-            self.reference.load_state_dict(state, strict=True)
+            await self._call("set_reference", state)
 
     async def _save_state(self) -> None:
-        buffer = io.BytesIO()
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "step": self.step,
-            "version": self.version,
-            "trained": sorted(self.trained),
-            "last_step": msgspec.to_builtins(self.last_step) if self.last_step else None,
-        }
-        await asyncio.to_thread(torch.save, state, buffer)
+        """Every rank writes its shards, the files go to the object store, the index last; then the
+        messages trained since the previous save are acknowledged."""
         slot = 1 - self.state_slot  # the other slot keeps the state before this one
-        await self.rt.store.put_bytes(trainer_state_key(self.run_id, slot), buffer.getvalue())
+        directory = self.state_dir / f"slot-{slot}"
+        shutil.rmtree(directory, ignore_errors=True)
+        await self._call("save", str(directory))
+        files = {}
+        for path in sorted(directory.iterdir()):
+            data = await asyncio.to_thread(path.read_bytes)
+            files[path.name] = await self.rt.store.put_bytes(trainer_state_key(self.run_id, slot, path.name), data)
+        shutil.rmtree(directory, ignore_errors=True)
+        state = SavedState(
+            step=self.step, version=self.version, trained=sorted(self.trained), last_step=self.last_step,
+            world_size=self.config.parallel.world_size, files=files,
+        )  # fmt: skip
+        await self.rt.store.put_bytes(trainer_state_key(self.run_id, slot), msgspec.json.encode(state))
         self.state_slot = slot
+        self.steps_unsaved = 0
+        for delivery in self.unsaved:
+            await delivery.ack()
+        self.unsaved = []
 
     async def _publish(self) -> None:
         """Publish the current weights as `self.version`, retrying while the checkpoints service is away."""
-        weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        weights = await self._call("weights")
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             try:
                 await publish_weights(
@@ -278,6 +324,7 @@ class RunJob:
             if await self._ended_elsewhere():  # before a trainer took it up
                 await self._stop_ended(run_delivery)
                 return
+            await self._start_group()
             try:
                 await self._resume()
             except RunFailed as exc:
@@ -337,13 +384,16 @@ class RunJob:
             self.stop_consuming.set()
             if consumer is not None:
                 await asyncio.gather(consumer, return_exceptions=True)
+            if self.policy is not None:
+                await asyncio.to_thread(self.policy.close)
+            shutil.rmtree(self.state_dir, ignore_errors=True)
 
     async def _let_go(self) -> None:
         """This job failed: hand back the graded trajectories it holds, so the next job (this trainer's,
         after a backoff, or another's) gets them again instead of their keep-alives holding them."""
-        held = [d for group in self.groups.values() for _, d in group.members.values()] + self.in_step
+        held = [d for group in self.groups.values() for _, d in group.members.values()] + self.in_step + self.unsaved
         self.groups.clear()
-        self.in_step = []
+        self.in_step, self.unsaved = [], []
         for delivery in held:
             try:
                 await delivery.nak()
@@ -402,9 +452,12 @@ class RunJob:
         )
 
     async def _finish(self, run_delivery: Delivery) -> None:
-        if self.step % self.config.schedule.publish_every:
+        publish = self.step % self.config.schedule.publish_every != 0
+        if publish:
             self.version += 1
+        if publish or self.steps_unsaved:
             await self._save_state()
+        if publish:
             await self._publish()
         if self.config.eval.at_end:
             await self._request_eval()
@@ -460,10 +513,12 @@ class RunJob:
         self.stop_consuming.set()
 
     async def _hand_back(self, run_delivery: Delivery) -> None:
-        for group in self.groups.values():
-            for _, delivery in group.members.values():
-                await delivery.nak()
+        """Stopping: everything held goes back at once, the run included; what was trained since the last
+        save is trained again by whichever trainer resumes the run."""
+        for delivery in [d for group in self.groups.values() for _, d in group.members.values()] + self.unsaved:
+            await delivery.nak()
         self.groups.clear()
+        self.unsaved = []
         await run_delivery.nak()
 
     async def _train(self, groups: list[Group]) -> None:
@@ -505,16 +560,7 @@ class RunJob:
                 raise NonFiniteStep("rewards")
             if not all(math.isfinite(a) for a in advantages):
                 raise NonFiniteStep("advantages")
-            metrics = await asyncio.to_thread(
-                train_step,
-                model=self.model,
-                optimizer=self.optimizer,
-                batch=collate([g.trajectory for g in graded], advantages),
-                optim=self.config.optim,
-                temperature=self.config.agent.temperature,
-                reference=self.reference,
-                tool_calls=self.tool_calls,
-            )
+            metrics = await self._call("train", [g.trajectory for g in graded], advantages)
         except NonFiniteStep as exc:
             await self._skip_step(exc, [g.trajectory.trajectory_id for g in graded], groups=len(groups))
             return
@@ -553,10 +599,13 @@ class RunJob:
         )
         if publish:
             self.version += 1
-        await self._save_state()
+        self.unsaved += self.in_step
+        self.in_step = []
+        self.steps_unsaved += 1
+        if publish or self.steps_unsaved >= self.config.schedule.save_every:
+            await self._save_state()
         if publish:
             await self._publish()
-        await self._ack_step()
         await self._event(self.last_step)
         self.rt.log.info("step", run_id=self.run_id, step=self.step, **{k: round(v, 4) for k, v in metrics.items()})
 

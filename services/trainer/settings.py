@@ -1,3 +1,5 @@
+from pathlib import Path
+
 from pydantic import Field, model_validator
 
 from crucible.settings import CommonSettings
@@ -25,6 +27,16 @@ class Settings(CommonSettings):
     max_nonfinite_steps: int = Field(default=3, ge=1)
     """Steps in a row skipped for non-finite rewards, advantages, loss or gradients after which the run
     fails (with that reason)."""
+    step_timeout_s: float = Field(default=900.0, gt=0)
+    """Deadline of one call on a run's worker group (starting it, a step, a save, gathering the weights)
+    and of each collective inside it: a rank that hangs past it breaks the group, and the run resumes
+    from its last saved state."""
+    ray_address: str = ""
+    """The Ray cluster that runs `parallel.launcher = "ray"` runs (`ray://host:10001`, `host:6379` or
+    `auto`); empty: a private single-node cluster the trainer starts on first use."""
+    state_dir: Path | None = None
+    """Where ranks write a run's sharded state before it goes to the object store (default: the system's
+    temporary directory). With Ray on several nodes, a volume every node mounts at this same path."""
     heartbeat_s: float = Field(default=20.0, gt=0)
     """How often held messages get their ack deadline extended; shorter than ack_wait_s."""
 

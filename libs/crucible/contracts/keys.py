@@ -4,7 +4,7 @@ Object store layout (one bucket):
 
     tasksets/<set>/<task>/<file>                 task snapshots and hidden tests (catalog)
     runs/<run>/weights/<version:06d>/...         weight manifests and shards (trainer, checkpoints)
-    runs/<run>/trainer/state-{0,1}.pt            the trainer's last two resumable states
+    runs/<run>/trainer/state-{0,1}/...           the trainer's last two resumable states (index + rank files)
     runs/<run>/trajectories/<trajectory>/...     trajectories too big for a message (rollout, grader)
     bus/<subject>/<sha256>.msgpack               any other message too big for the bus
 
@@ -47,9 +47,10 @@ def manifest_key(run_id: str, version: int) -> str:
     return f"{version_prefix(run_id, version)}manifest.msgpack"
 
 
-def trainer_state_key(run_id: str, slot: int) -> str:
-    """The trainer keeps its last two states, written in turn to slots 0 and 1."""
-    return f"runs/{run_id}/trainer/state-{slot}.pt"
+def trainer_state_key(run_id: str, slot: int, name: str = "state.json") -> str:
+    """The trainer keeps its last two states, written in turn to slots 0 and 1: each the ranks' sharded
+    checkpoint files and, written last, the index `state.json` that names them."""
+    return f"runs/{run_id}/trainer/state-{slot}/{name}"
 
 
 def run_trajectories_prefix(run_id: str) -> str:

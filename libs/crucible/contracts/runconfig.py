@@ -157,6 +157,48 @@ class ScheduleSection(Section):
     and rollouts admit no work that would break the bound. Counted in versions: a token may then be up
     to (max_staleness + 1) x publish_every - 1 optimizer steps old (the step metric token_age_steps_max);
     optim.loss = "decoupled" keeps a gradient for stale tokens that PPO's clip would silence."""
+    save_every: int = Field(default=1, ge=1, le=100_000)
+    """The trainer saves its sharded state every this many optimizer steps, and at every published
+    version; the graded trajectories trained since the last save stay unacknowledged until it, so a
+    trainer that dies re-trains them on resume and loses none."""
+
+
+class ParallelSection(Section):
+    """How the trainer lays the policy's optimisation over ranks (crucible.parallel): `world_size` ranks,
+    data-parallel `dp_replicate` x `dp_shard` (HSDP: weights sharded over `dp_shard`, replicated over
+    `dp_replicate`), expert groups of `ep` ranks cut out of them. World size 1 is the same code on a mesh
+    of one rank."""
+
+    world_size: int = Field(default=1, ge=1, le=4096)
+    ep: int = Field(default=1, ge=1, le=4096)
+    """Expert-parallel size: each rank of an expert group holds 1/ep of every MoE layer's experts."""
+    dp_shard: int | None = Field(default=None, ge=1, le=4096)
+    """Ranks a weight is sharded over; default world_size / dp_replicate."""
+    dp_replicate: int | None = Field(default=None, ge=1, le=4096)
+    """Replicas of each shard group; default world_size / dp_shard."""
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """Collectives: `auto` is NCCL when every rank has a GPU, else gloo."""
+    launcher: Literal["local", "ray"] = "local"
+    """`local`: the ranks are processes beside the trainer; `ray`: actors in a placement group of the
+    trainer's Ray cluster (its `ray_address`), one bundle per device."""
+
+    @property
+    def shard(self) -> int:
+        return self.dp_shard or self.world_size // (self.dp_replicate or 1)
+
+    @property
+    def replicate(self) -> int:
+        return self.dp_replicate or self.world_size // self.shard
+
+    @model_validator(mode="after")
+    def _shape(self) -> ParallelSection:
+        if self.replicate * self.shard != self.world_size:
+            raise ValueError(
+                f"dp_replicate x dp_shard = {self.replicate} x {self.shard} must equal world_size = {self.world_size}"
+            )
+        if self.world_size % self.ep:
+            raise ValueError(f"ep = {self.ep} must divide world_size = {self.world_size}")
+        return self
 
 
 class RewardSection(Section):
@@ -229,6 +271,7 @@ class RunConfig(Section):
     reward: RewardSection = Field(default_factory=RewardSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     sft: SftSection = Field(default_factory=SftSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
     trackers: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(default_factory=list, max_length=3)
     """Experiment trackers that also receive the run's step metrics and evaluations (services.api.trackers):
     TensorBoard event files, an MLflow run, a Weights & Biases run (offline unless configured)."""

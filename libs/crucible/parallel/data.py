@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from crucible.model.transformer import Transformer
 from crucible.parallel.expert import ExpertParallelMoE, expert_weight_owners, gather_experts
@@ -67,3 +67,30 @@ def full_grads(model: nn.Module) -> dict[str, torch.Tensor]:
         for name, param in model.named_parameters()
         if param.grad is not None
     }
+
+
+@torch.no_grad()
+def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Load an unsharded state dict (the plain model's keys, all experts) into a parallelized model, in
+    place: each rank keeps its experts' slice and its FSDP shard. Every rank must pass the same `state`;
+    no collective runs. Missing or unexpected keys and shape mismatches raise, as a strict load does."""
+    owners = expert_weight_owners(model)
+    current = model.state_dict()
+    missing, unexpected = sorted(current.keys() - state.keys()), sorted(state.keys() - current.keys())
+    if missing or unexpected:
+        raise KeyError(f"state dict does not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}")
+    for name, target in current.items():
+        full = state[name]
+        if (owner := owners.get(name)) is not None:
+            local = owner.local_experts
+            full = full[owner.ep_rank * local : (owner.ep_rank + 1) * local]
+        if isinstance(target, DTensor):
+            if tuple(full.shape) != tuple(target.shape):
+                raise ValueError(f"{name}: shape {tuple(full.shape)}, the model's is {tuple(target.shape)}")
+            # Every rank holds the same full tensor, so each takes its shard without communicating.
+            shard = distribute_tensor(
+                full.to(target.dtype), target.device_mesh, target.placements, src_data_rank=None
+            ).to_local()
+            target.to_local().copy_(shard)
+        else:
+            target.copy_(full)

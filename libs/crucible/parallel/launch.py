@@ -1,26 +1,41 @@
-"""Worker groups: run one function on every rank of a fresh process group, locally or on Ray.
+"""Worker groups: `world_size` ranks in a fresh process group, each holding an object the caller drives.
 
-`fn(*args)` runs with `torch.distributed` already initialized (gloo on CPU, NCCL when every rank has
-a GPU) and its return values come back in rank order. The same function runs under both launchers:
-`run_local` forks processes on this machine; `run_ray` places one actor per device with a Ray placement
-group (one bundle per device) and starts a local Ray cluster when none is connected.
+`start_workers(factory, args=..., world_size=N)` starts N ranks with `torch.distributed` initialized
+(gloo on CPU, NCCL when every rank has a GPU); each rank builds `factory(*args)` once, and
+`group.call(method, *args)` then runs that method on every rank at once (`call_each` gives each rank
+its own arguments) and returns the results in rank order. Two launchers run the same ranks:
+
+- `local`: processes forked from a server that has already imported torch (a start costs milliseconds);
+- `ray`: one actor per rank in a Ray placement group with one bundle per device, on the connected
+  cluster, the one at `ray_address`, or a private local one.
+
+A rank that raises, dies or runs past the call's deadline breaks the group: the other ranks are
+stopped (their peers would wait in a collective forever) and `WorkerGroupError` names the first rank
+that failed, with its traceback. A broken group takes no more calls. `run_local` and `run_ray` are the
+one-shot form: one function on every rank, then the group is gone.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import multiprocessing.connection
 import os
-import queue
 import socket
 import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 LOOPBACK = "127.0.0.1"
-_PRELOAD = ["torch", "torch.distributed.fsdp", "crucible.parallel.train"]
+PRELOAD = ("torch", "torch.distributed.fsdp", "crucible.parallel.train")
+
+Launcher = Literal["local", "ray"]
+
+
+class WorkerGroupError(RuntimeError):
+    """A rank failed, died or timed out; the group is stopped and takes no more calls."""
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -62,141 +77,187 @@ def init_worker(
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
 
 
-def _local_worker(
-    rank: int,
-    world_size: int,
-    port: int,
-    backend: str,
-    timeout_s: float,
-    threads: int,
-    fn: Callable[..., Any],
-    args: tuple,
-    results: Any,
-) -> None:
+class WorkerGroup:
+    """The ranks of one group; use `start_workers` to make one."""
+
+    world_size: int
+    launcher: Launcher
+    backend: str
+
+    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
+        """`method(*args)` on every rank's object; the results in rank order."""
+        return self.call_each(method, [args] * self.world_size, timeout_s=timeout_s)
+
+    def call_each(self, method: str, per_rank: Sequence[tuple], *, timeout_s: float | None = None) -> list[Any]:
+        """`method(*per_rank[r])` on rank r's object, for every rank at once; the results in rank order."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> WorkerGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _serve(
+    rank: int, world_size: int, port: int, backend: str, timeout_s: float, threads: int,
+    factory: Callable[..., Any], args: tuple, conn: Any,
+) -> None:  # fmt: skip
+    """A local rank: build the object, then answer calls until the driver hangs up."""
     import torch.distributed as dist
 
     try:
         init_worker(
-            rank=rank,
-            world_size=world_size,
-            master_addr=LOOPBACK,
-            master_port=port,
-            backend=backend,
-            timeout_s=timeout_s,
-            threads=threads,
-            device_index=rank if backend == "nccl" else None,
-        )
-    except Exception:  # noqa: BLE001 - any failure is sent to the parent with its traceback
-        results.put((rank, False, (time.time(), traceback.format_exc())))
-        return
-    try:
-        results.put((rank, True, fn(*args)))
-    except Exception:  # noqa: BLE001
+            rank=rank, world_size=world_size, master_addr=LOOPBACK, master_port=port, backend=backend,
+            timeout_s=timeout_s, threads=threads, device_index=rank if backend == "nccl" else None,
+        )  # fmt: skip
+        target = factory(*args)
+        conn.send((True, None))
+        while True:
+            try:
+                request = conn.recv()
+            except EOFError:
+                return
+            if request is None:
+                return
+            method, call_args = request
+            conn.send((True, getattr(target, method)(*call_args)))
+    except Exception:  # noqa: BLE001 - sent to the driver with its traceback
         # Stamped before the group is torn down, which makes the peers fail a moment later.
-        results.put((rank, False, (time.time(), traceback.format_exc())))
-    finally:
-        dist.destroy_process_group()
-
-
-def _first_failure(
-    results: Any, first: tuple[int, tuple[float, str]], *, grace_s: float = 2.0
-) -> RuntimeError:
-    """The earliest failure: once one rank fails its peers fail too (lost connections), maybe sooner."""
-    failures = dict([first])
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
         try:
-            rank, ok, value = results.get(timeout=0.1)
-        except queue.Empty:
-            continue
-        if not ok:
-            failures[rank] = value
+            conn.send((False, (time.time(), traceback.format_exc())))
+        except OSError:
+            pass
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _first_failure(failures: dict[int, tuple[float, str]]) -> WorkerGroupError:
+    """The earliest failure: once one rank fails its peers fail too (lost connections), maybe sooner."""
     rank = min(failures, key=lambda r: failures[r][0])
     others = sorted(set(failures) - {rank})
     also = f" (then ranks {others} failed too)" if others else ""
-    return RuntimeError(f"rank {rank} failed{also}:\n{failures[rank][1]}")
+    return WorkerGroupError(f"rank {rank} failed{also}:\n{failures[rank][1]}")
 
 
-def _stop(processes: Sequence[Any]) -> None:
-    for p in processes:
-        if p.is_alive():
-            p.terminate()
-    for p in processes:
-        p.join(timeout=10)
-        if p.is_alive():
-            p.kill()
-            p.join()
+class LocalWorkerGroup(WorkerGroup):
+    launcher: Launcher = "local"
+
+    def __init__(
+        self, factory: Callable[..., Any], *, args: tuple, world_size: int, backend: str | None,
+        timeout_s: float, threads_per_process: int | None, preload: Sequence[str],
+    ) -> None:  # fmt: skip
+        import torch
+
+        use_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
+        self.world_size, self.timeout_s = world_size, timeout_s
+        self.backend = backend or _default_backend(use_gpu)
+        self.broken: str | None = None
+        threads = threads_per_process or max(1, (os.cpu_count() or 1) // world_size)
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload([*PRELOAD, *preload])
+        port = free_port()
+        self.conns, self.processes = [], []
+        for rank in range(world_size):
+            ours, theirs = ctx.Pipe()
+            process = ctx.Process(
+                target=_serve, args=(rank, world_size, port, self.backend, timeout_s, threads, factory, args, theirs),
+                daemon=True,
+            )  # fmt: skip
+            process.start()
+            theirs.close()
+            self.conns.append(ours)
+            self.processes.append(process)
+        try:
+            self._collect(timeout_s, what="start")
+        except BaseException:
+            self.close()
+            raise
+
+    def call_each(self, method: str, per_rank: Sequence[tuple], *, timeout_s: float | None = None) -> list[Any]:
+        if self.broken:
+            raise WorkerGroupError(f"the worker group is stopped: {self.broken}")
+        if len(per_rank) != self.world_size:
+            raise ValueError(f"{len(per_rank)} argument tuples for {self.world_size} ranks")
+        try:
+            for conn, args in zip(self.conns, per_rank):
+                conn.send((method, tuple(args)))
+        except OSError as exc:
+            self._break(f"a rank is gone: {exc!r}")
+            raise WorkerGroupError(f"{method}: a rank is gone ({exc!r})") from exc
+        return self._collect(timeout_s or self.timeout_s, what=method)
+
+    def _collect(self, timeout_s: float, *, what: str) -> list[Any]:
+        pending = dict(enumerate(self.conns))
+        outputs: dict[int, Any] = {}
+        failures: dict[int, tuple[float, str]] = {}
+        deadline = time.monotonic() + timeout_s
+        grace_until = None
+        while pending and (grace_until is None or time.monotonic() < grace_until):
+            ready = mp.connection.wait(list(pending.values()), timeout=0.2)
+            for conn in ready:
+                rank = next(r for r, c in pending.items() if c is conn)
+                del pending[rank]
+                try:
+                    ok, value = conn.recv()
+                except (EOFError, OSError):
+                    self.processes[rank].join(timeout=1)
+                    failures[rank] = (time.time(), f"rank {rank} exited with code {self.processes[rank].exitcode}")
+                    continue
+                if ok:
+                    outputs[rank] = value
+                else:
+                    failures[rank] = value
+            if failures and grace_until is None:
+                grace_until = time.monotonic() + 2.0  # let the peers' failures arrive, to find the first
+            if not failures and time.monotonic() > deadline:
+                self._break(f"{what} timed out")
+                raise WorkerGroupError(f"{what}: {len(pending)} of {self.world_size} ranks did not answer in {timeout_s:.0f} s")
+        if failures:
+            error = _first_failure(failures)
+            self._break(str(error).splitlines()[0])
+            raise error
+        return [outputs[rank] for rank in range(self.world_size)]
+
+    def _break(self, reason: str) -> None:
+        self.broken = reason
+        self._stop()
+
+    def _stop(self) -> None:
+        for p in self.processes:
+            if p.is_alive():
+                p.terminate()
+        for p in self.processes:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+    def close(self) -> None:
+        if not self.broken:
+            self.broken = "closed"
+            for conn in self.conns:
+                try:
+                    conn.send(None)
+                except OSError:
+                    pass
+            for p in self.processes:
+                p.join(timeout=30)
+        self._stop()
+        for conn in self.conns:
+            conn.close()
 
 
-def run_local(
-    fn: Callable[..., Any],
-    *,
-    world_size: int,
-    args: tuple = (),
-    backend: str | None = None,
-    timeout_s: float = 300.0,
-    threads_per_process: int | None = None,
-) -> list[Any]:
-    """Run `fn(*args)` on `world_size` local processes; returns the results by rank.
-
-    Processes fork from a server that has already imported torch, so each start costs milliseconds, not
-    seconds. `fn` must be importable by module and name (not a lambda or a local function). If any rank
-    fails, the others are stopped and the failing rank's traceback is raised; so is a run past `timeout_s`.
-    """
-    import torch
-
-    if world_size < 1:
-        raise ValueError(f"world_size must be positive, got {world_size}")
-    use_gpu = torch.cuda.is_available() and torch.cuda.device_count() >= world_size
-    backend = backend or _default_backend(use_gpu)
-    threads = threads_per_process or max(1, (os.cpu_count() or 1) // world_size)
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
-    results = ctx.Queue()
-    port = free_port()
-    processes = [
-        ctx.Process(
-            target=_local_worker,
-            args=(rank, world_size, port, backend, timeout_s, threads, fn, args, results),
-        )
-        for rank in range(world_size)
-    ]
-    for p in processes:
-        p.start()
-    outputs: dict[int, Any] = {}
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(outputs) < world_size:
-            try:
-                rank, ok, value = results.get(timeout=0.5)
-            except queue.Empty:
-                dead = [
-                    i for i, p in enumerate(processes) if p.exitcode not in (None, 0) and i not in outputs
-                ]
-                if dead:
-                    raise RuntimeError(
-                        f"rank {dead[0]} exited with code {processes[dead[0]].exitcode}"
-                    ) from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"run_local: {world_size} ranks did not finish in {timeout_s:.0f}s"
-                    ) from None
-                continue
-            if not ok:
-                raise _first_failure(results, (rank, value))
-            outputs[rank] = value
-        for p in processes:
-            p.join(timeout=30)
-    finally:
-        _stop(processes)
-    return [outputs[rank] for rank in range(world_size)]
-
-
-class _RayWorker:
-    """One rank of a Ray worker group; lives in its placement-group bundle until the run ends."""
+class _RayRank:
+    """One rank of a Ray worker group; lives in its placement-group bundle until the group closes."""
 
     def __init__(self, *, rank: int, world_size: int) -> None:
         self.rank, self.world_size = rank, world_size
+        self.target: Any = None
 
     def address(self) -> tuple[str, int]:
         import ray
@@ -204,24 +265,17 @@ class _RayWorker:
         host = ray.util.get_node_ip_address()
         return host, free_port(host)
 
-    def run(
-        self, fn: Callable[..., Any], args: tuple, master: tuple[str, int], backend: str, timeout_s: float
-    ) -> Any:
-        import torch.distributed as dist
-
+    def setup(
+        self, factory: Callable[..., Any], args: tuple, master: tuple[str, int], backend: str, timeout_s: float
+    ) -> None:
         init_worker(
-            rank=self.rank,
-            world_size=self.world_size,
-            master_addr=master[0],
-            master_port=master[1],
-            backend=backend,
-            timeout_s=timeout_s,
-            threads=1,
-        )
-        try:
-            return fn(*args)
-        finally:
-            dist.destroy_process_group()
+            rank=self.rank, world_size=self.world_size, master_addr=master[0], master_port=master[1],
+            backend=backend, timeout_s=timeout_s, threads=1,
+        )  # fmt: skip
+        self.target = factory(*args)
+
+    def call(self, method: str, args: tuple) -> Any:
+        return getattr(self.target, method)(*args)
 
 
 def start_local_ray(*, num_cpus: int, num_gpus: int = 0, object_store_mb: int = 100) -> None:
@@ -239,13 +293,181 @@ def start_local_ray(*, num_cpus: int, num_gpus: int = 0, object_store_mb: int = 
         _node_ip_address=LOOPBACK,
         object_store_memory=object_store_mb * 1024 * 1024,
         log_to_driver=False,
-        runtime_env={
-            "env_vars": {
-                "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-                "RAY_USAGE_STATS_ENABLED": "0",
-            }
-        },
+        runtime_env={"env_vars": _worker_env()},
     )
+
+
+def _worker_env() -> dict[str, str]:
+    return {"PYTHONPATH": os.pathsep.join(p for p in sys.path if p), "RAY_USAGE_STATS_ENABLED": "0"}
+
+
+def connect_ray(address: str | None, *, world_size: int) -> bool:
+    """Connect to the Ray cluster at `address`, or start a private local one when it is empty; returns
+    whether this call did so (False: already connected)."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    if address:
+        os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+        ray.init(address=address, log_to_driver=False, runtime_env={"env_vars": _worker_env()})
+    else:
+        import torch
+
+        start_local_ray(num_cpus=max(world_size, os.cpu_count() or 1), num_gpus=torch.cuda.device_count())
+    return True
+
+
+class RayWorkerGroup(WorkerGroup):
+    launcher: Launcher = "ray"
+
+    def __init__(
+        self, factory: Callable[..., Any], *, args: tuple, world_size: int, use_gpu: bool | None,
+        timeout_s: float, ray_address: str | None,
+    ) -> None:  # fmt: skip
+        import ray
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        self.world_size, self.timeout_s = world_size, timeout_s
+        self.broken: str | None = None
+        self.actors: list[Any] = []
+        self.group = None
+        self.started_ray = connect_ray(ray_address, world_size=world_size)
+        try:
+            if use_gpu is None:
+                use_gpu = ray.cluster_resources().get("GPU", 0) >= world_size
+            self.backend = _default_backend(use_gpu)
+            bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
+            self.group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+            ray.get(self.group.ready(), timeout=timeout_s)
+            rank_cls = ray.remote(_RayRank)
+            self.actors = [
+                rank_cls.options(
+                    num_cpus=1,
+                    num_gpus=1 if use_gpu else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=self.group, placement_group_bundle_index=rank
+                    ),
+                ).remote(rank=rank, world_size=world_size)
+                for rank in range(world_size)
+            ]
+            master = ray.get(self.actors[0].address.remote(), timeout=timeout_s)
+            self._wait([a.setup.remote(factory, args, master, self.backend, timeout_s) for a in self.actors],
+                       timeout_s, what="start")  # fmt: skip
+        except BaseException:
+            self.close()
+            raise
+
+    def call_each(self, method: str, per_rank: Sequence[tuple], *, timeout_s: float | None = None) -> list[Any]:
+        if self.broken:
+            raise WorkerGroupError(f"the worker group is stopped: {self.broken}")
+        if len(per_rank) != self.world_size:
+            raise ValueError(f"{len(per_rank)} argument tuples for {self.world_size} ranks")
+        refs = [actor.call.remote(method, tuple(args)) for actor, args in zip(self.actors, per_rank)]
+        return self._wait(refs, timeout_s or self.timeout_s, what=method)
+
+    def _wait(self, refs: list[Any], timeout_s: float, *, what: str) -> list[Any]:
+        """Results in rank order; the first rank to fail (or die) breaks the group."""
+        import ray
+
+        rank_of = {ref: rank for rank, ref in enumerate(refs)}
+        outputs: dict[int, Any] = {}
+        pending, deadline = list(refs), time.monotonic() + timeout_s
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self._break(f"{what} timed out")
+                raise WorkerGroupError(f"{what}: {len(pending)} of {self.world_size} ranks did not answer in {timeout_s:.0f} s")
+            rank = rank_of[ready[0]]
+            try:
+                outputs[rank] = ray.get(ready[0])
+            except Exception as exc:  # a task that raised (its traceback inside) or an actor that died
+                self._break(f"rank {rank} failed")
+                raise WorkerGroupError(f"rank {rank} failed:\n{exc}") from exc
+        return [outputs[rank] for rank in range(self.world_size)]
+
+    def _break(self, reason: str) -> None:
+        self.broken = reason
+        self.close()
+
+    def close(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        self.broken = self.broken or "closed"
+        for actor in self.actors:
+            ray.kill(actor)
+        self.actors = []
+        if self.group is not None:
+            remove_placement_group(self.group)
+            self.group = None
+        if self.started_ray and ray.is_initialized():
+            ray.shutdown()
+            self.started_ray = False
+
+
+def start_workers(
+    factory: Callable[..., Any],
+    *,
+    world_size: int,
+    args: tuple = (),
+    launcher: Launcher = "local",
+    backend: str | None = None,
+    timeout_s: float = 300.0,
+    threads_per_process: int | None = None,
+    preload: Sequence[str] = (),
+    ray_address: str | None = None,
+    keep_ray: bool = False,
+) -> WorkerGroup:
+    """Start `world_size` ranks that each build `factory(*args)` (importable by module and name, not a
+    lambda or a local function). `timeout_s` bounds the start and every call (and the collectives).
+
+    `ray`: the group connects to `ray_address` (or starts a private local cluster when empty) unless
+    Ray is already connected; with `keep_ray` a cluster it started outlives the group (a service that
+    starts groups again and again), else it is shut down with the group. `backend` applies to `local`;
+    on Ray, NCCL when the cluster has a GPU per rank, else gloo.
+    """
+    if world_size < 1:
+        raise ValueError(f"world_size must be positive, got {world_size}")
+    if launcher == "local":
+        return LocalWorkerGroup(
+            factory, args=args, world_size=world_size, backend=backend, timeout_s=timeout_s,
+            threads_per_process=threads_per_process, preload=preload,
+        )  # fmt: skip
+    if launcher == "ray":
+        group = RayWorkerGroup(
+            factory, args=args, world_size=world_size, use_gpu=None if backend is None else backend == "nccl",
+            timeout_s=timeout_s, ray_address=ray_address,
+        )  # fmt: skip
+        if keep_ray:
+            group.started_ray = False
+        return group
+    raise ValueError(f"unknown launcher {launcher!r}: local or ray")
+
+
+class _Runner:
+    """The rank of a one-shot group: runs the function it is handed."""
+
+    def run(self, fn: Callable[..., Any], args: tuple) -> Any:
+        return fn(*args)
+
+
+def run_local(
+    fn: Callable[..., Any],
+    *,
+    world_size: int,
+    args: tuple = (),
+    backend: str | None = None,
+    timeout_s: float = 300.0,
+    threads_per_process: int | None = None,
+) -> list[Any]:
+    """Run `fn(*args)` on `world_size` local processes; returns the results by rank. If any rank fails,
+    the others are stopped and the failing rank's traceback is raised; so is a run past `timeout_s`."""
+    with start_workers(
+        _Runner, world_size=world_size, backend=backend, timeout_s=timeout_s, threads_per_process=threads_per_process
+    ) as group:
+        return group.call("run", fn, args)
 
 
 def run_ray(
@@ -262,45 +484,6 @@ def run_ray(
     group has one bundle per rank: one GPU each when `use_gpu` (default: when the cluster has enough
     GPUs), with NCCL; one CPU each otherwise, with gloo.
     """
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    if world_size < 1:
-        raise ValueError(f"world_size must be positive, got {world_size}")
-    started = not ray.is_initialized()
-    if started:
-        import torch
-
-        gpus = torch.cuda.device_count() if use_gpu is not False else 0
-        start_local_ray(num_cpus=max(world_size, os.cpu_count() or 1), num_gpus=gpus)
-    actors: list[Any] = []
-    group = None
-    try:
-        if use_gpu is None:
-            use_gpu = ray.cluster_resources().get("GPU", 0) >= world_size
-        bundle = {"CPU": 1, "GPU": 1} if use_gpu else {"CPU": 1}
-        group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
-        ray.get(group.ready(), timeout=timeout_s)
-        worker_cls = ray.remote(_RayWorker)
-        actors = [
-            worker_cls.options(
-                num_cpus=1,
-                num_gpus=1 if use_gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=rank
-                ),
-            ).remote(rank=rank, world_size=world_size)
-            for rank in range(world_size)
-        ]
-        master = ray.get(actors[0].address.remote(), timeout=timeout_s)
-        backend = _default_backend(use_gpu)
-        runs = [actor.run.remote(fn, args, master, backend, timeout_s) for actor in actors]
-        return ray.get(runs, timeout=timeout_s)
-    finally:
-        for actor in actors:
-            ray.kill(actor)
-        if group is not None:
-            remove_placement_group(group)
-        if started:
-            ray.shutdown()
+    backend = None if use_gpu is None else _default_backend(use_gpu)
+    with start_workers(_Runner, world_size=world_size, launcher="ray", backend=backend, timeout_s=timeout_s) as group:
+        return group.call("run", fn, args)

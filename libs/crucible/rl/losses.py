@@ -41,19 +41,41 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / denom
 
 
-def aggregate(x_BT: torch.Tensor, mask_BT: torch.Tensor, *, mode: str, norm_tokens: int = 1024) -> torch.Tensor:
+@dataclass(frozen=True)
+class BatchTotals:
+    """Counts over a step's whole batch. A rank that holds a slice of the batch aggregates with the whole
+    batch's counts, so its loss is its share of the batch's loss: the ranks' shares sum to the loss one
+    process would compute on the whole batch, however the batch was cut."""
+
+    tokens: float  # sampled tokens
+    sequences: float  # sequences with at least one sampled token
+    rows: int  # sequences
+
+    @classmethod
+    def of(cls, mask_BT: torch.Tensor) -> BatchTotals:
+        return cls(
+            tokens=float(mask_BT.sum()), sequences=float((mask_BT.sum(-1) > 0).sum()), rows=int(mask_BT.shape[0])
+        )
+
+
+def aggregate(
+    x_BT: torch.Tensor, mask_BT: torch.Tensor, *, mode: str, norm_tokens: int = 1024, totals: BatchTotals | None = None
+) -> torch.Tensor:
     """Reduce per-token values to a scalar: `token_mean` (every sampled token of the batch weighs the
     same), `seq_mean_token_mean` (every sequence weighs the same), `seq_sum_norm` (Dr. GRPO: the sum
-    over sampled tokens divided by sequences x `norm_tokens`, so no length normalisation)."""
+    over sampled tokens divided by sequences x `norm_tokens`, so no length normalisation). `totals`:
+    the whole batch's counts when x_BT is a slice of it (default: x_BT is the whole batch)."""
     mask_BT = mask_BT.to(x_BT.dtype)
+    totals = totals or BatchTotals.of(mask_BT)
+    zero = (x_BT * 0).sum()
     if mode == "token_mean":
-        return masked_mean(x_BT, mask_BT)
+        return (x_BT * mask_BT).sum() / totals.tokens if totals.tokens else zero
     if mode == "seq_mean_token_mean":
         per_seq = (x_BT * mask_BT).sum(-1) / mask_BT.sum(-1).clamp(min=1)
         has = mask_BT.sum(-1) > 0
-        return per_seq[has].mean() if bool(has.any()) else (x_BT * 0).sum()
+        return per_seq[has].sum() / totals.sequences if totals.sequences else zero
     if mode == "seq_sum_norm":
-        return (x_BT * mask_BT).sum() / (x_BT.shape[0] * norm_tokens)
+        return (x_BT * mask_BT).sum() / (totals.rows * norm_tokens)
     raise ValueError(f"unknown aggregation {mode!r}")
 
 
@@ -127,10 +149,12 @@ def policy_loss(
     proximal_logprobs_BT: torch.Tensor | None = None,
     ref_logprobs_BT: torch.Tensor | None = None,
     entropy_BT: torch.Tensor | None = None,
+    totals: BatchTotals | None = None,
 ) -> LossStats:
     """The run's loss and its metrics. logprobs_BT carries the gradient; the proximal policy defaults to
     the current weights (logprobs_BT detached); ref_logprobs_BT is needed when optim.kl_coef > 0 and
-    entropy_BT when optim.entropy_coef > 0."""
+    entropy_BT when optim.entropy_coef > 0. With `totals` (the whole batch's counts) the tensors are a
+    slice of the batch and the loss is the slice's share; the metrics are the slice's."""
     shapes = {t.shape for t in (logprobs_BT, behaviour_logprobs_BT, advantages_BT, mask_BT)}
     if len(shapes) != 1 or logprobs_BT.ndim != 2:
         raise ValueError(f"logprobs, behaviour logprobs, advantages and mask must share one [B, T] shape: {shapes}")
@@ -160,7 +184,7 @@ def policy_loss(
         objective = cispo_objective(logprobs_BT, ratio, advantages_BT, **clip)
     else:
         objective = weight * ppo_objective(ratio, advantages_BT, **clip, dual_clip=optim.dual_clip)
-    reduce = {"mode": optim.aggregation, "norm_tokens": optim.norm_tokens}
+    reduce = {"mode": optim.aggregation, "norm_tokens": optim.norm_tokens, "totals": totals}
     loss = -aggregate(objective, mask, **reduce)
     if kl_ref is not None and optim.kl_mode == "loss":
         loss = loss + optim.kl_coef * aggregate(kl_ref, mask, **reduce)

@@ -25,7 +25,7 @@ from crucible.contracts.trajectories import check_trajectory
 from crucible.model.hf import load_pretrained
 from services.rollout.external import ExternalEngine, ExternalEngineError
 from services.trainer.batch import collate
-from services.trainer.step import replayed_masks, token_logprobs
+from services.trainer.policy import replayed_masks, token_logprobs
 
 pytestmark = pytest.mark.integration
 

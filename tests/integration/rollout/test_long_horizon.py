@@ -22,7 +22,7 @@ from crucible.model import PRESETS, ModelOutput, Transformer, build_model
 from crucible.model.hf import load_pretrained
 from services.rollout.engine import PolicyEngine
 from services.trainer.batch import collate
-from services.trainer.step import replayed_masks, token_logprobs
+from services.trainer.policy import replayed_masks, token_logprobs
 
 pytestmark = pytest.mark.integration
 AGENT = {"max_turns": 12, "max_action_tokens": 24, "max_observation_bytes": 48, "max_summary_tokens": 24}

@@ -154,17 +154,13 @@ def test_malformed_imports_name_their_line(line, message) -> None:
 
 
 def test_sft_lowers_the_loss_on_demonstrations() -> None:
-    from crucible.model import PRESETS, build_model
-    from services.trainer.batch import collate
-    from services.trainer.step import sft_step
+    from services.trainer.group import PolicyGroup
 
     (episode,) = imported_episodes(json.dumps(CONVERSATION))
     trajectory = play(Teacher(episode.actions, agent=CONFIG.agent, max_context=2048), episode)
-    model = build_model(PRESETS["tiny"], precision="bf16", seed=0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    losses = [
-        sft_step(model=model, optimizer=optimizer, batch=collate([trajectory], [0.0]), temperature=1.0,
-                 max_grad_norm=1.0)["loss"]  # fmt: skip
-        for _ in range(40)
-    ]
+    policy = PolicyGroup(CONFIG, timeout_s=120)  # the trainer's worker group, one rank
+    try:
+        losses = [policy.sft([trajectory], learning_rate=3e-3)["loss"] for _ in range(40)]
+    finally:
+        policy.close()
     assert losses[-1] < 0.5 * losses[0]

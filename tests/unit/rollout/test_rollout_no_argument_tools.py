@@ -16,7 +16,7 @@ from crucible.contracts.runconfig import RunConfig
 from crucible.model import PRESETS, ModelOutput, build_model
 from services.rollout.engine import PolicyEngine
 from services.trainer.batch import collate
-from services.trainer.step import token_logprobs
+from services.trainer.policy import token_logprobs
 
 SUBMIT = tokenizer.tool_token("submit")
 

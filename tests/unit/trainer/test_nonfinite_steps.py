@@ -1,10 +1,9 @@
 """Numbers that are not finite never reach the weights: a step whose loss or gradients are not finite is
-not applied (weights, optimizer state and router biases as before), a trajectory with non-finite
-behaviour logprobs is refused, and weights with a non-finite value are never published."""
+not applied (weights, optimizer state and router biases as before) on the trainer's worker group, a
+trajectory with non-finite behaviour logprobs is refused, and weights with a non-finite value are never
+published."""
 
 from __future__ import annotations
-
-import copy
 
 import pytest
 import torch
@@ -15,9 +14,34 @@ from crucible.contracts.messages import Trajectory
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
 from crucible.contracts.trajectories import check_trajectory
-from crucible.model import PRESETS, build_model
-from services.trainer.batch import collate
-from services.trainer.step import NonFiniteStep, train_step
+from services.trainer.group import NonFiniteStep, PolicyGroup
+from services.trainer.policy import PolicyRank
+
+pytestmark = pytest.mark.slow
+CONFIG = RunConfig.model_validate({"optim": {"learning_rate": 1e-3}})
+
+
+class ProbedRank(PolicyRank):
+    """A rank the tests can look into, and whose gradients they can poison."""
+
+    def optimizer_steps(self) -> list[float]:
+        return sorted(float(state["step"]) for state in self.optimizer.state.values())
+
+    def router_load(self) -> float:
+        return sum(float(moe.router.tokens_per_expert.sum()) for moe in self.model.moe_layers)
+
+    def gradients_cleared(self) -> bool:
+        return all(p.grad is None for p in self.model.parameters())
+
+    def poison_gradients(self, on: bool) -> None:
+        if on:  # on the embeddings' output: FSDP hands the weight its gradient past any hook on it
+
+            def poison(module, args, output):
+                output.register_hook(lambda grad: grad * float("inf"))
+
+            self.hook = self.model.tok_embeddings.register_forward_hook(poison)
+        else:
+            self.hook.remove()
 
 
 def _trajectory(i: int, n: int = 12, logprob: float = -1.0) -> Trajectory:
@@ -29,60 +53,51 @@ def _trajectory(i: int, n: int = 12, logprob: float = -1.0) -> Trajectory:
     )  # fmt: skip
 
 
-def _snapshot(model, optimizer) -> tuple[dict, dict]:
-    return copy.deepcopy(model.state_dict()), copy.deepcopy(optimizer.state_dict())
+def _step(policy: PolicyGroup, advantages: list[float]) -> dict:
+    return policy.train([_trajectory(0), _trajectory(1)], advantages)
 
 
-def _step(model, optimizer, advantages: list[float]) -> dict:
-    batch = collate([_trajectory(0), _trajectory(1)], advantages)
-    optim = RunConfig().optim
-    return train_step(model=model, optimizer=optimizer, batch=batch, optim=optim, temperature=1.0)
-
-
-def _unchanged(model, optimizer, before) -> bool:
-    weights, state = before
-    same_weights = all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
-    return same_weights and optimizer.state_dict()["state"].keys() == state["state"].keys()
+def _probe(policy: PolicyGroup, method: str, *args):
+    return policy.workers.call(method, *args)[0]
 
 
 @pytest.fixture
 def trainer():
-    model = build_model(PRESETS["tiny"], precision="fp32", seed=0)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    _step(model, optimizer, [1.0, -1.0])  # an optimizer with state, as mid-run
-    return model, optimizer
+    policy = PolicyGroup(CONFIG, timeout_s=120, rank=ProbedRank)
+    _step(policy, [1.0, -1.0])  # an optimizer with state, as mid-run
+    yield policy
+    policy.close()
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_a_non_finite_loss_is_not_applied(trainer) -> None:
-    model, optimizer = trainer
-    before = _snapshot(model, optimizer)
+    weights, steps = trainer.weights(), _probe(trainer, "optimizer_steps")
     with pytest.raises(NonFiniteStep) as raised:
-        _step(model, optimizer, [float("nan"), 1.0])
+        _step(trainer, [float("nan"), 1.0])
     assert raised.value.reason == "loss"
-    assert _unchanged(model, optimizer, before)
-    assert all(float(moe.router.tokens_per_expert.sum()) == 0 for moe in model.moe_layers)  # the load forgotten
-    assert _step(model, optimizer, [1.0, -1.0])["loss"] == pytest.approx(_step_loss(model, optimizer, before))
-
-
-def _step_loss(model, optimizer, before) -> float:
-    """The loss the same step gives on a copy that never saw the skipped one."""
-    twin = build_model(PRESETS["tiny"], precision="fp32", seed=0)
-    twin.load_state_dict(before[0])
-    twin_optimizer = torch.optim.AdamW(twin.parameters(), lr=1e-3)
-    twin_optimizer.load_state_dict(before[1])
-    return _step(twin, twin_optimizer, [1.0, -1.0])["loss"]
+    assert _same(trainer.weights(), weights) and _probe(trainer, "optimizer_steps") == steps
+    assert _probe(trainer, "router_load") == 0  # the load the skipped forward counted is forgotten
+    # the next step is the one a group that never saw the skipped step takes
+    twin = PolicyGroup(CONFIG, timeout_s=120)
+    try:
+        _step(twin, [1.0, -1.0])
+        assert _step(trainer, [1.0, -1.0])["loss"] == pytest.approx(_step(twin, [1.0, -1.0])["loss"])
+    finally:
+        twin.close()
 
 
 def test_non_finite_gradients_are_not_applied(trainer) -> None:
-    model, optimizer = trainer
-    before = _snapshot(model, optimizer)
-    handle = model.tok_embeddings.weight.register_hook(lambda grad: grad * float("inf"))
+    weights, steps = trainer.weights(), _probe(trainer, "optimizer_steps")
+    _probe(trainer, "poison_gradients", True)
     with pytest.raises(NonFiniteStep) as raised:
-        _step(model, optimizer, [1.0, -1.0])
-    handle.remove()
+        _step(trainer, [1.0, -1.0])
+    _probe(trainer, "poison_gradients", False)
     assert raised.value.reason == "gradients"
-    assert _unchanged(model, optimizer, before)
-    assert all(p.grad is None for p in model.parameters())
+    assert _same(trainer.weights(), weights) and _probe(trainer, "optimizer_steps") == steps
+    assert _probe(trainer, "gradients_cleared")
 
 
 def test_non_finite_behaviour_logprobs_are_refused() -> None:

@@ -18,7 +18,8 @@ from crucible.contracts.runconfig import RunConfig
 from crucible.model import PRESETS, build_model
 from services.rollout.engine import PolicyEngine
 from services.trainer.batch import collate
-from services.trainer.step import token_logprobs, train_step
+from services.trainer.group import PolicyGroup
+from services.trainer.policy import token_logprobs
 
 
 def sample_group(engine: PolicyEngine, *, n: int, version: int) -> list[GradedTrajectory]:
@@ -69,17 +70,22 @@ def test_trainer_logprobs_equal_behaviour_logprobs_on_policy(temperature):
 
 
 def test_a_step_moves_the_policy_towards_the_advantaged_trajectory():
-    config = RunConfig.model_validate({"agent": {"max_action_tokens": 8}})
+    """One step of the trainer's worker group (one rank) on what the rollout sampled."""
+    config = RunConfig.model_validate({"agent": {"max_action_tokens": 8}, "optim": {"learning_rate": 1e-2}})
     engine = PolicyEngine(config=config, max_context=512)
-    cfg = dataclasses.replace(PRESETS["tiny"])
-    model = build_model(cfg, precision="bf16", seed=0)
-    engine.swap({k: v.clone() for k, v in model.state_dict().items()}, 0)
-    graded = sample_group(engine, n=2, version=0)
-    batch = collate([g.trajectory for g in graded], [1.0, -1.0])
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    with torch.no_grad():
-        before = (token_logprobs(model, batch, temperature=1.0)[0] * batch.mask_BT).sum(dim=1)
-    metrics = train_step(model=model, optimizer=optimizer, batch=batch, optim=config.optim, temperature=1.0)
+    model = build_model(dataclasses.replace(PRESETS["tiny"]), precision="bf16", seed=0)
+    policy = PolicyGroup(config, timeout_s=120)
+    try:
+        model.load_state_dict(policy.weights())  # the run's version 0
+        engine.swap({k: v.clone() for k, v in model.state_dict().items()}, 0)
+        graded = sample_group(engine, n=2, version=0)
+        batch = collate([g.trajectory for g in graded], [1.0, -1.0])
+        with torch.no_grad():
+            before = (token_logprobs(model, batch, temperature=1.0)[0] * batch.mask_BT).sum(dim=1)
+        metrics = policy.train([g.trajectory for g in graded], [1.0, -1.0])
+        model.load_state_dict(policy.weights())
+    finally:
+        policy.close()
     with torch.no_grad():
         after = (token_logprobs(model, batch, temperature=1.0)[0] * batch.mask_BT).sum(dim=1)
     assert metrics["tokens"] == float(batch.mask_BT.sum())
