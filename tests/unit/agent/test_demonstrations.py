@@ -9,7 +9,6 @@ import json
 import subprocess
 
 import pytest
-import torch
 
 from crucible.agent import grammar, tokenizer
 from crucible.agent.demonstrations import Teacher
