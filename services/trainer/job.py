@@ -29,7 +29,7 @@ import torch
 from crucible.agent.solutions import DemonstrationError
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.bus import Delivery
-from crucible.clients.checkpoints import load_weights, publish_weights
+from crucible.clients.checkpoints import WeightsPublisher, load_weights
 from crucible.contracts import ContractError, subjects
 from crucible.contracts.events import EvalReport, Event, EventPayload, RunStatus, StepReport, WarmStartReport
 from crucible.contracts.keys import DAY_S, finished_key, refills_key, trainer_state_key
@@ -92,6 +92,9 @@ class RunJob:
         self.run_id = created.run_id
         self.config = created.config
         self.policy: PolicyGroup | None = None  # the run's worker group, started by `run`
+        self.publisher = WeightsPublisher(
+            bus=rt.bus, store=rt.store, run_id=self.run_id, full_every=self.settings.full_every
+        )
         self.max_seq_len = model_config(self.config.model.source).max_seq_len
         self.dropped_groups = 0  # uniform-reward groups dropped since the last step
         self.skipped_steps = 0  # steps skipped for non-finite numbers since the last step taken
@@ -254,14 +257,12 @@ class RunJob:
         self.unsaved = []
 
     async def _publish(self) -> None:
-        """Publish the current weights as `self.version`, retrying while the checkpoints service is away."""
+        """Publish the current weights as `self.version` (a full snapshot every `full_every` versions and
+        after a restart, else an exact delta), retrying while the checkpoints service is away."""
         weights = await self._call("weights")
         for attempt in range(1, PUBLISH_ATTEMPTS + 1):
             try:
-                await publish_weights(
-                    bus=self.rt.bus, store=self.rt.store, run_id=self.run_id, version=self.version,
-                    step=self.step, state_dict=weights,
-                )
+                manifest = await self.publisher.publish(version=self.version, step=self.step, state_dict=weights)
                 break
             except Exception as exc:
                 if attempt == PUBLISH_ATTEMPTS:
@@ -269,7 +270,8 @@ class RunJob:
                 self.rt.log.warning("publishing weights failed; retrying", run_id=self.run_id, error=repr(exc))
                 await asyncio.sleep(2**attempt)
         VERSION.labels(self.run_id).set(self.version)
-        self.rt.log.info("published weights", run_id=self.run_id, version=self.version, step=self.step)
+        self.rt.log.info("published weights", run_id=self.run_id, version=self.version, step=self.step,
+                         kind=manifest.kind, bytes=sum(s.size for s in manifest.shards))  # fmt: skip
         every = self.config.eval.every_versions
         if every and self.version and self.version % every == 0:
             await self._request_eval()
@@ -378,15 +380,20 @@ class RunJob:
                 return
             await self._finish(run_delivery)
         except BaseException:
+            # The consumer stops first: it would take the messages handed back straight into this job again.
+            await self._stop_consuming(consumer)
             await self._let_go()
             raise
         finally:
-            self.stop_consuming.set()
-            if consumer is not None:
-                await asyncio.gather(consumer, return_exceptions=True)
+            await self._stop_consuming(consumer)
             if self.policy is not None:
                 await asyncio.to_thread(self.policy.close)
             shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    async def _stop_consuming(self, consumer: asyncio.Task | None) -> None:
+        self.stop_consuming.set()
+        if consumer is not None:
+            await asyncio.gather(consumer, return_exceptions=True)
 
     async def _let_go(self) -> None:
         """This job failed: hand back the graded trajectories it holds, so the next job (this trainer's,

@@ -37,6 +37,9 @@ class Settings(CommonSettings):
     state_dir: Path | None = None
     """Where ranks write a run's sharded state before it goes to the object store (default: the system's
     temporary directory). With Ray on several nodes, a volume every node mounts at this same path."""
+    full_every: int = Field(default=10, ge=1)
+    """A run's weight versions are exact deltas against the last full snapshot, which is published every
+    this many versions (and first after a restart); the checkpoints service's `full_every` should match."""
     heartbeat_s: float = Field(default=20.0, gt=0)
     """How often held messages get their ack deadline extended; shorter than ack_wait_s."""
 

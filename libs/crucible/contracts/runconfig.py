@@ -43,8 +43,9 @@ class ModelSection(Section):
     """The starting weights: a Crucible preset (randomly initialised from `seed`, the byte-level agent),
     package:NAME, or the absolute path of a Hugging Face directory or a .gguf file on the trainer's and
     rollouts' machines (the model's own tokenizer, chat template and tool-call format)."""
-    precision: Literal["bf16", "mxfp8"] = "bf16"
-    """Training and inference precision of the linear layers."""
+    precision: Literal["bf16", "mxfp8", "fp32"] = "bf16"
+    """Training and inference precision of the linear layers (`fp32`: the reference, e.g. to check that a
+    parallel layout trains as one process does)."""
     init: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}@[0-9]{1,9}$")
     """RUN@VERSION: start from that run's published weights instead of `source`'s (same architecture),
     e.g. the warm start of an SFT-only run (`crucible sft`)."""
