@@ -592,6 +592,7 @@ class RunJob:
                 "skipped_steps": float(self.skipped_steps),
                 **{f"staleness_lag_{lag}": float(lags.count(lag)) for lag in range(max(lags) + 1)},
                 "step_seconds": time.perf_counter() - started,
+                "world_size": float(self.config.parallel.world_size),  # ranks that took the step
             }
         )
         self.dropped_groups = self.skipped_steps = 0
