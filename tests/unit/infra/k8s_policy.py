@@ -4,7 +4,8 @@ Each pod: no service-account token, resources requested (cpu, memory) and memory
 root filesystem, and, except the sandbox, no privilege escalation, every capability dropped, a non-root
 user and the runtime's default seccomp profile. The sandbox's exception is exactly its documented one
 (CAP_SYS_ADMIN as root, seccomp and AppArmor unconfined) and it runs on its own node pool. Each
-Deployment has a PodDisruptionBudget and a NetworkPolicy of its own for ingress and egress.
+Deployment has a PodDisruptionBudget and a NetworkPolicy of its own for ingress and egress; the pods of
+a KubeRay RayCluster keep the same pod rules and have their NetworkPolicy.
 """
 
 from __future__ import annotations
@@ -54,12 +55,31 @@ def pod_violations(name: str, pod: dict[str, Any], *, sandbox: bool = False) -> 
     return found
 
 
+def ray_pod_templates(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """A KubeRay RayCluster's pod templates by group: the head's and each worker group's."""
+    spec = doc["spec"]
+    groups = {"head": spec["headGroupSpec"]}
+    groups.update({g["groupName"]: g for g in spec.get("workerGroupSpecs", [])})
+    return {name: group["template"] for name, group in groups.items()}
+
+
 def violations(documents: list[dict[str, Any]]) -> list[str]:
     """What the documents of one file lack."""
     found = []
     budgets = [d for d in documents if d["kind"] == "PodDisruptionBudget"]
     policies = [d for d in documents if d["kind"] == "NetworkPolicy"]
     for doc in documents:
+        if doc["kind"] == "RayCluster":
+            for group, template in ray_pod_templates(doc).items():
+                name = f"{doc['metadata']['name']}/{group}"
+                found += pod_violations(name, template["spec"])
+                if not any(
+                    _selects(p["spec"]["podSelector"], template["metadata"]["labels"])
+                    and {"Ingress", "Egress"} <= set(p["spec"]["policyTypes"])
+                    for p in policies
+                ):
+                    found.append(f"{name}: no NetworkPolicy of its own for ingress and egress")
+            continue
         if doc["kind"] not in ("Deployment", "Job"):
             continue
         name = doc["metadata"]["name"]
