@@ -1,12 +1,16 @@
-"""The same training step through both launchers: local gloo processes and a Ray placement group."""
+"""Worker groups through both launchers (local gloo processes, a Ray placement group): the same training
+step, ranks that keep their state between calls, and a rank that dies breaking the group with its name."""
 
 from __future__ import annotations
 
+import os
+
 import parallel_cases as cases
 import pytest
+import torch
 import torch.distributed as dist
 
-from crucible.parallel.launch import run_local, run_ray
+from crucible.parallel.launch import WorkerGroupError, run_local, run_ray, start_workers
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
@@ -31,3 +35,35 @@ def test_ray_worker_group_trains_like_a_single_process() -> None:
     assert per_rank[0] == per_rank[1]
     assert per_rank[0] == pytest.approx(reference, rel=1e-6)
     assert reference[-1] < reference[0]
+
+
+class Tally:
+    """A rank that keeps a running sum across calls, summed over the group in each call."""
+
+    def __init__(self, start: int) -> None:
+        self.total = start + dist.get_rank()
+
+    def add(self, n: int) -> int:
+        self.total += n
+        summed = torch.tensor([self.total])
+        dist.all_reduce(summed)
+        return int(summed)
+
+    def exit_if(self, rank: int) -> None:
+        if dist.get_rank() == rank:
+            os._exit(3)
+        dist.barrier()  # the others wait here for the rank that is gone
+
+
+@pytest.mark.parametrize("launcher", ["local", "ray"])
+def test_ranks_keep_their_state_and_a_rank_that_dies_breaks_the_group(launcher: str) -> None:
+    group = start_workers(Tally, args=(10,), world_size=2, launcher=launcher, timeout_s=120)
+    try:
+        assert group.call("add", 1) == [23, 23]  # (10 + 0 + 1) + (10 + 1 + 1)
+        assert group.call_each("add", [(1,), (2,)]) == [26, 26]
+        with pytest.raises(WorkerGroupError, match="rank 1 failed"):
+            group.call("exit_if", 1)
+        with pytest.raises(WorkerGroupError, match="stopped"):
+            group.call("add", 1)
+    finally:
+        group.close()

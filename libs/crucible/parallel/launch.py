@@ -205,8 +205,10 @@ class LocalWorkerGroup(WorkerGroup):
                 try:
                     ok, value = conn.recv()
                 except (EOFError, OSError):
+                    # Died without a word (killed, or exited): taken as the cause, stamped before any
+                    # peer's error, which is then a lost connection to it.
                     self.processes[rank].join(timeout=1)
-                    failures[rank] = (time.time(), f"rank {rank} exited with code {self.processes[rank].exitcode}")
+                    failures[rank] = (0.0, f"rank {rank} exited with code {self.processes[rank].exitcode}")
                     continue
                 if ok:
                     outputs[rank] = value
@@ -373,18 +375,29 @@ class RayWorkerGroup(WorkerGroup):
 
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
         outputs: dict[int, Any] = {}
-        pending, deadline = list(refs), time.monotonic() + timeout_s
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        failures: dict[int, tuple[float, str]] = {}
+        pending, deadline, grace_until = list(refs), time.monotonic() + timeout_s, None
+        while pending and (grace_until is None or time.monotonic() < grace_until):
+            limit = deadline if grace_until is None else grace_until
+            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, limit - time.monotonic()))
             if not ready:
+                if failures:
+                    break
                 self._break(f"{what} timed out")
                 raise WorkerGroupError(f"{what}: {len(pending)} of {self.world_size} ranks did not answer in {timeout_s:.0f} s")
             rank = rank_of[ready[0]]
             try:
                 outputs[rank] = ray.get(ready[0])
-            except Exception as exc:  # a task that raised (its traceback inside) or an actor that died
-                self._break(f"rank {rank} failed")
-                raise WorkerGroupError(f"rank {rank} failed:\n{exc}") from exc
+            except ray.exceptions.RayActorError as exc:  # died: the cause, as in the local launcher
+                failures[rank] = (0.0, f"rank {rank} died: {exc}")
+            except Exception as exc:  # raised: its traceback is inside
+                failures[rank] = (time.time(), str(exc))
+            if failures and grace_until is None:
+                grace_until = time.monotonic() + 2.0  # let the peers' failures arrive, to find the first
+        if failures:
+            error = _first_failure(failures)
+            self._break(str(error).splitlines()[0])
+            raise error
         return [outputs[rank] for rank in range(self.world_size)]
 
     def _break(self, reason: str) -> None:
