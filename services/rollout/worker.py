@@ -5,8 +5,10 @@ trajectories and report progress."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
+from collections.abc import Iterator
 
 from redis.exceptions import RedisError
 
@@ -24,7 +26,15 @@ from services.rollout.admission import budget_spent, release, try_admit
 from services.rollout.engine import PolicyEngine
 from services.rollout.external import ExternalEngine
 from services.rollout.harness import Episodes, run_harness_episode
-from services.rollout.metrics import EPISODES, GROUPS_IN_FLIGHT, TOKENS, VERSION
+from services.rollout.metrics import (
+    BUSY_SECONDS,
+    EPISODES,
+    GROUP_SECONDS,
+    GROUPS_IN_FLIGHT,
+    LOAD_SECONDS,
+    TOKENS,
+    VERSION,
+)
 from services.rollout.publish import publish_trajectory
 from services.rollout.settings import Settings
 
@@ -63,6 +73,8 @@ class RunWorker:
         self.tokens = 0
         self.failed_groups = 0  # in a row, for the run's own reasons (never an outage)
         self.started = time.monotonic()
+        self.in_flight = 0
+        self.busy_since = 0.0
 
     async def on_announced(self, announced: WeightsAnnounced) -> None:
         self.latest_announced = max(self.latest_announced, announced.version)
@@ -71,6 +83,7 @@ class RunWorker:
     async def _load(self, version: int) -> None:
         if version < self.latest_announced or version <= self.engine.version:
             return  # a newer version is on its way or already loaded
+        started = time.monotonic()
         try:
             manifest, state = await self.weights.load(version)  # shards in parallel, every tensor verified
             if manifest.version < self.latest_announced:
@@ -79,6 +92,7 @@ class RunWorker:
         except Exception as exc:  # keep sampling with the weights we have; the next announcement retries
             self.rt.log.error("could not load weights", run_id=self.run_id, version=version, error=repr(exc))
             return
+        LOAD_SECONDS.labels(self.run_id).observe(time.monotonic() - started)
         VERSION.labels(self.run_id).set(self.engine.version)
         self.rt.log.info("weights swapped in", run_id=self.run_id, version=self.engine.version)
         self.new_version.set()
@@ -141,8 +155,22 @@ class RunWorker:
             pass
 
     async def _group(self, index: int) -> None:
-        with GROUPS_IN_FLIGHT.labels(self.run_id).track_inprogress():
+        run = self.run_id
+        with GROUPS_IN_FLIGHT.labels(run).track_inprogress(), GROUP_SECONDS.labels(run).time(), self._busy():
             await self._run_group(index)
+
+    @contextlib.contextmanager
+    def _busy(self) -> Iterator[None]:
+        """Count the wall-clock time with any group in flight (groups overlap: their sum would overcount)."""
+        if self.in_flight == 0:
+            self.busy_since = time.monotonic()
+        self.in_flight += 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                BUSY_SECONDS.labels(self.run_id).inc(time.monotonic() - self.busy_since)
 
     async def _run_group(self, index: int) -> None:
         group_id = f"{self.run_id}-g{index:05d}-{uuid.uuid4().hex[:8]}"
