@@ -60,9 +60,16 @@ def combine(per_rank: list[dict[str, float]]) -> dict[str, float]:
 
 class PolicyGroup:
     def __init__(
-        self, config: RunConfig, *, timeout_s: float, ray_address: str = "", rank: type[PolicyRank] = PolicyRank
+        self,
+        config: RunConfig,
+        *,
+        timeout_s: float,
+        threads: int | None = None,
+        ray_address: str = "",
+        rank: type[PolicyRank] = PolicyRank,
     ) -> None:
-        """`rank`: the class every rank builds (tests pass a subclass they can look into)."""
+        """`threads`: torch threads per local rank (default: this machine's cores shared among the ranks);
+        `rank`: the class every rank builds (tests pass a subclass they can look into)."""
         parallel = config.parallel
         self.world_size, self.launcher = parallel.world_size, parallel.launcher
         self.workers = start_workers(
@@ -72,6 +79,7 @@ class PolicyGroup:
             launcher=parallel.launcher,
             backend=None if parallel.backend == "auto" else parallel.backend,
             timeout_s=timeout_s,
+            threads_per_process=threads,
             preload=("services.trainer.policy",),
             ray_address=ray_address or None,
             keep_ray=True,

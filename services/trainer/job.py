@@ -123,8 +123,9 @@ class RunJob:
 
     async def _start_group(self) -> None:
         self.policy = await asyncio.to_thread(
-            PolicyGroup, self.config, timeout_s=self.settings.step_timeout_s, ray_address=self.settings.ray_address
-        )
+            PolicyGroup, self.config, timeout_s=self.settings.step_timeout_s, threads=self.settings.torch_threads,
+            ray_address=self.settings.ray_address,
+        )  # fmt: skip
         self.rt.log.info("worker group started", run_id=self.run_id, world_size=self.policy.world_size,
                          launcher=self.policy.launcher)  # fmt: skip
 

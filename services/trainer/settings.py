@@ -7,6 +7,7 @@ from crucible.settings import CommonSettings
 
 class Settings(CommonSettings):
     torch_threads: int = Field(default=1, ge=1)
+    """Torch threads of the trainer and of each of its local ranks."""
     max_runs: int = Field(default=4, ge=1, le=256)
     """Runs this replica trains at once (a model and an optimizer each); further runs wait in order."""
     group_timeout_s: float = Field(default=180.0, gt=0)
