@@ -11,6 +11,12 @@ blocks:
 - raw GET: the same delta objects read with the bare minio client at the same concurrency;
 - and, for scale, a raw GET of the full snapshot's objects (what a refresh without deltas moves).
 
+Then the swap itself, on the rollout's engine (`PolicyEngine`, SmolLM2 at the run's bf16): sequences
+decode on its continuous batcher while `engine.swap(version 1)` builds the new model beside the running
+one and hands it over between two decode steps. Reported: the median decode step without a swap, the
+longest gap between two steps of one sequence while the swap runs, how many steps ran meanwhile, and
+the swap's own time. On two cores the swap's work slows the steps it overlaps; it blocks none.
+
     python -m benches.bench_weight_delta --json        # [--reps 5] [--shard-mb 64] [--weights fp32-master]
 
 `--weights fp32-master` keeps fp32 parameters (as Crucible's trainer does) and publishes their bf16 cast.
@@ -31,6 +37,7 @@ import torch
 
 from crucible.clients.checkpoints import CONCURRENCY, PUBLISH_SHARD_BYTES, WeightsFollower, WeightsPublisher
 from crucible.contracts.messages import WeightsManifest
+from crucible.contracts.runconfig import RunConfig
 from crucible.localstack.processes import LOOPBACK, port_open
 from crucible.localstack.servers import start_nats, start_redis, start_seaweedfs
 from crucible.model.hf import load_pretrained
@@ -41,6 +48,7 @@ from crucible.runtime import running
 from crucible.telemetry import configure_logging
 from services.checkpoints.app import setup
 from services.checkpoints.settings import Settings
+from services.rollout.engine import PolicyEngine
 
 SOURCE = "smollm2-135m-instruct"
 TEXT = Path(__file__).resolve().parent.parent / "docs" / "architecture.md"
@@ -83,6 +91,67 @@ def raw_get(store: ObjectStore, manifest: WeightsManifest) -> None:
     with ThreadPoolExecutor(CONCURRENCY) as pool:
         sizes = list(pool.map(get, [s.uri for s in manifest.shards]))
     assert sizes == [s.size for s in manifest.shards]
+
+
+class _Decoding:
+    """A sequence that decodes greedily for `tokens` steps, stamping each step's time."""
+
+    def __init__(self, prompt: list[int], tokens: int) -> None:
+        self.tokens, self.fed, self.routes = list(prompt), 0, []
+        self.left, self.stamps, self.versions = tokens, [], []
+
+    def choose(self, logits: torch.Tensor, version: int) -> bool:
+        self.stamps.append(time.perf_counter())
+        self.versions.append(version)
+        self.tokens.append(int(logits.argmax()))
+        self.left -= 1
+        return self.left == 0
+
+
+def swap_pause(v0: dict[str, torch.Tensor], v1: dict[str, torch.Tensor], *, sequences: int = 4, tokens: int = 48) -> dict:
+    """Decode `sequences` sequences on the engine, once without a swap and once with version 1 swapped in
+    while they decode (started after a few steps)."""
+    import threading
+
+    config = RunConfig.model_validate({"model": {"source": f"package:{SOURCE}"}})
+    engine = PolicyEngine(config=config, max_context=512, max_sequences=sequences)
+    engine.swap(v0, 0)
+    prompt = load_tokenizer(config.model.source).encode(TEXT.read_text())[:32]
+
+    def decode(swap_to: int | None) -> tuple[list[_Decoding], tuple[float, float] | None]:
+        running_ = [_Decoding(prompt[: 24 + i], tokens) for i in range(sequences)]
+        futures = [engine.batcher.submit(seq, seq.choose) for seq in running_]
+        window = None
+        if swap_to is not None:
+            while len(running_[0].stamps) < 8:  # decoding has settled
+                time.sleep(0.001)
+            started = time.perf_counter()
+            worker = threading.Thread(target=engine.swap, args=(v1, swap_to))
+            worker.start()
+            worker.join()
+            window = (started, time.perf_counter())
+        for future in futures:
+            assert future.result() is None
+        for seq in running_:
+            engine.batcher.release(seq)
+        return running_, window
+
+    decode(None)  # warm-up
+    plain, _ = decode(None)
+    steps = [b - a for seq in plain for a, b in zip(seq.stamps[1:], seq.stamps[2:])]
+    swapped, (start, end) = decode(1)
+    gaps = [b - a for seq in swapped for a, b in zip(seq.stamps, seq.stamps[1:]) if b > start and a < end]
+    during = sum(1 for t in swapped[0].stamps if start < t < end)
+    engine.close()
+    assert all(seq.versions[-1] == 1 for seq in swapped), "the swap did not reach the decoding sequences"
+    median = statistics.median(steps)
+    return {
+        "decode_step_median_s": round(median, 4),
+        "swap_s": round(end - start, 3),
+        "decode_steps_during_swap": during,
+        "longest_gap_during_swap_s": round(max(gaps), 4),
+        "longest_gap_over_median_step": round(max(gaps) / median, 2),
+    }
 
 
 async def measure(args: argparse.Namespace, settings: Settings) -> dict:
@@ -142,6 +211,7 @@ async def measure(args: argparse.Namespace, settings: Settings) -> dict:
         "raw_get_full_s": round(med["raw_get_full"], 4),
         "refresh_over_raw_get": round(med["refresh"] / med["raw_get"], 2),
         "refresh_over_raw_get_full": round(med["refresh"] / med["raw_get_full"], 3),
+        **await asyncio.to_thread(swap_pause, v0, v1),
     }
 
 
