@@ -115,11 +115,14 @@ class RunJob:
         self.in_step: list[Delivery] = []  # the step being taken's messages
         self.unsaved: list[Delivery] = []  # trained since the last saved state: acked once it is saved
         self.steps_unsaved = 0
-        self.state_dir = Path(tempfile.mkdtemp(prefix="state-", dir=self.settings.state_dir))
+        if self.settings.state_dir is not None:
+            self.settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self.state_dir = Path(tempfile.mkdtemp(prefix=f"{self.run_id}-", dir=self.settings.state_dir))
         self.arrived = asyncio.Event()
         self.last_arrival = time.monotonic()  # of a graded trajectory (or the run's start on this trainer)
         self.last_refill = 0.0  # when groups lost in flight were last replaced
         self.stop_consuming = asyncio.Event()
+        self.consumer: asyncio.Task | None = None
 
     async def _start_group(self) -> None:
         self.policy = await asyncio.to_thread(
@@ -322,7 +325,6 @@ class RunJob:
 
     async def run(self, run_delivery: Delivery) -> None:
         """Train the run to its end; `run_delivery` (its RunCreated message) is held until then."""
-        consumer: asyncio.Task | None = None
         try:
             if await self._ended_elsewhere():  # before a trainer took it up
                 await self._stop_ended(run_delivery)
@@ -349,7 +351,7 @@ class RunJob:
             await self._load_reference()
             if self.last_step:  # saved with the state; its event may have been lost in a crash
                 await self._event(self.last_step)
-            consumer = self.rt.spawn(self._consume(), name=f"graded-{self.run_id}")
+            self.consumer = self.rt.spawn(self._consume(), name=f"graded-{self.run_id}")
             self.last_arrival = time.monotonic()
             while self.step < self.config.schedule.max_steps and not self.rt.stopping.is_set():
                 if await self._ended_elsewhere():
@@ -381,24 +383,25 @@ class RunJob:
                 return
             await self._finish(run_delivery)
         except BaseException:
-            # The consumer stops first: it would take the messages handed back straight into this job again.
-            await self._stop_consuming(consumer)
             await self._let_go()
             raise
         finally:
-            await self._stop_consuming(consumer)
+            await self._stop_consuming()
             if self.policy is not None:
                 await asyncio.to_thread(self.policy.close)
             shutil.rmtree(self.state_dir, ignore_errors=True)
 
-    async def _stop_consuming(self, consumer: asyncio.Task | None) -> None:
+    async def _stop_consuming(self) -> None:
+        """Stop taking graded messages, and wait until the consumer has stopped: before messages are
+        handed back, or the consumer would take them straight back into this job."""
         self.stop_consuming.set()
-        if consumer is not None:
-            await asyncio.gather(consumer, return_exceptions=True)
+        if self.consumer is not None:
+            await asyncio.gather(self.consumer, return_exceptions=True)
 
     async def _let_go(self) -> None:
         """This job failed: hand back the graded trajectories it holds, so the next job (this trainer's,
         after a backoff, or another's) gets them again instead of their keep-alives holding them."""
+        await self._stop_consuming()
         held = [d for group in self.groups.values() for _, d in group.members.values()] + self.in_step + self.unsaved
         self.groups.clear()
         self.in_step, self.unsaved = [], []
@@ -523,6 +526,7 @@ class RunJob:
     async def _hand_back(self, run_delivery: Delivery) -> None:
         """Stopping: everything held goes back at once, the run included; what was trained since the last
         save is trained again by whichever trainer resumes the run."""
+        await self._stop_consuming()
         for delivery in [d for group in self.groups.values() for _, d in group.members.values()] + self.unsaved:
             await delivery.nak()
         self.groups.clear()
