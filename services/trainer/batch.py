@@ -47,7 +47,7 @@ class Batch:
             return x_BT
         valid = self.valid_BT > 0
         width = int(self.column_BT[valid].max()) + 1
-        out = torch.empty((self.rows, width, *x_BT.shape[2:]), dtype=x_BT.dtype)
+        out = torch.empty((self.rows, width, *x_BT.shape[2:]), dtype=x_BT.dtype, device=x_BT.device)
         out[...] = fill
         out[self.row_BT[valid], self.column_BT[valid]] = x_BT[valid]
         return out
@@ -57,7 +57,7 @@ class Batch:
         if self.one_context_each:
             return x_RT
         valid = self.valid_BT > 0
-        out = torch.zeros(self.row_BT.shape, dtype=x_RT.dtype)
+        out = torch.zeros(self.row_BT.shape, dtype=x_RT.dtype, device=x_RT.device)
         out[valid] = x_RT[self.row_BT[valid], self.column_BT[valid]]
         return out
 
