@@ -171,6 +171,7 @@ class ParallelSection(Section):
     of one rank."""
 
     world_size: int = Field(default=1, ge=1, le=4096)
+    """Ranks of the run's worker group: one device (or, on CPU, one process) each."""
     ep: int = Field(default=1, ge=1, le=4096)
     """Expert-parallel size: each rank of an expert group holds 1/ep of every MoE layer's experts."""
     dp_shard: int | None = Field(default=None, ge=1, le=4096)

@@ -17,7 +17,7 @@ from crucible.contracts.runconfig import MOVED, RunConfig, apply_override
     ("config", "message"),
     [
         ({"schedule": {"group_size": 0}}, "schedule.group_size\n.*greater than or equal to 1"),
-        ({"model": {"precision": "fp4"}}, "'bf16' or 'mxfp8'"),
+        ({"model": {"precision": "fp4"}}, "'bf16', 'mxfp8' or 'fp32'"),
         ({"model": {"source": "huge"}}, "unknown model source 'huge': a preset \\(tiny"),
         ({"model": {"source": "package:nope"}}, "unknown model source 'package:nope'"),
         ({"optim": {"learning_rate": -1}}, "greater than 0"),
@@ -36,6 +36,10 @@ from crucible.contracts.runconfig import MOVED, RunConfig, apply_override
         ({"tasks": {"difficulties": [1, True]}}, "a number, not true or false"),
         ({"optim": {"learning_rate": float("nan")}}, "finite number"),
         ({"model": {"source": "tiny\x00"}}, "should match pattern"),
+        # a parallel layout that does not fit its ranks
+        ({"parallel": {"world_size": 4, "ep": 3}}, "ep = 3 must divide world_size = 4"),
+        ({"parallel": {"world_size": 4, "dp_shard": 3}}, "dp_replicate x dp_shard = 1 x 3 must equal world_size = 4"),
+        ({"parallel": {"launcher": "slurm"}}, "'local' or 'ray'"),
         ({"agent": {"driver": "harness", "context_policy": "summarize"}, "model": {"source": "package:smollm2-135m-instruct"}}, "builtin loop"),
     ],
 )
