@@ -39,31 +39,14 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from benches.bench_learning import AGENT, MAX_CONTEXT
+from crucible.cli.demo import DEMO_CONFIG
 from crucible.contracts.runconfig import RunConfig
 from crucible.localstack import LocalStack
 from crucible.localstack.processes import LOOPBACK
 
-CONFIG = """
-[tasks]
-taskset = "pybugs"
-difficulties = [1, 2]
-
-[model]
-source = "tiny"
-precision = "bf16"
-
-[agent]
-max_turns = 3
-
-[schedule]
-group_size = 4
-groups_per_step = 2
-publish_every = 1
-
-[eval]
-at_end = false
-"""
-"""The demo's run, without its evaluation; max_steps and max_staleness are set per arm."""
+RUN = ["schedule.publish_every=1", "eval.at_end=false"]
+"""The demo's run (DEMO_CONFIG) with a version every step and without its evaluation; max_steps and
+max_staleness are set per arm."""
 GRADER_CONCURRENCY = 2
 POLL_S = 0.5
 
@@ -116,8 +99,8 @@ class Bench:
             time.sleep(POLL_S)
 
     def start(self, name: str, overrides: list[str]) -> str:
-        """Create a run of CONFIG with `overrides`, wait until it has finished; its id."""
-        config = RunConfig.from_toml(CONFIG, overrides=overrides).model_dump(mode="json")
+        """Create the demo's run with RUN and `overrides`, wait until it has finished; its id."""
+        config = RunConfig.from_toml(DEMO_CONFIG, overrides=[*RUN, *overrides]).model_dump(mode="json")
         run_id = (
             self.client.post("/v1/runs", json={"name": name, "config": config})
             .raise_for_status()
