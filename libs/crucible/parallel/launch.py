@@ -32,6 +32,9 @@ LOOPBACK = "127.0.0.1"
 PRELOAD = ("torch", "torch.distributed.fsdp", "crucible.parallel.train")
 
 Launcher = Literal["local", "ray"]
+Poll = Callable[[set[int], float], dict[int, tuple[bool, Any]]]
+POLL_S = 0.2
+GRACE_S = 2.0  # after a rank's failure, how long its peers may take to report theirs
 
 
 class WorkerGroupError(RuntimeError):
@@ -94,6 +97,37 @@ class WorkerGroup:
 
     def close(self) -> None:
         raise NotImplementedError
+
+    def _break(self, reason: str) -> None:
+        """Stop every rank: the group takes no more calls."""
+        raise NotImplementedError
+
+    def _gather(self, poll: Poll, timeout_s: float, *, what: str) -> list[Any]:
+        """Every rank's answer, in rank order. `poll(pending, wait_s)` returns the answers of the pending
+        ranks that came within `wait_s`: (True, result), or (False, (when, why)) for a rank that failed.
+        A failure breaks the group, its peers first given GRACE_S to report theirs, so that the earliest
+        is the one named; so does a rank that has not answered in `timeout_s`."""
+        pending = set(range(self.world_size))
+        outputs: dict[int, Any] = {}
+        failures: dict[int, tuple[float, str]] = {}
+        deadline, grace_until = time.monotonic() + timeout_s, None
+        while pending:
+            left = (deadline if grace_until is None else grace_until) - time.monotonic()
+            if left <= 0:
+                break
+            for rank, (ok, value) in poll(pending, min(left, POLL_S)).items():
+                pending.discard(rank)
+                (outputs if ok else failures)[rank] = value
+            if failures and grace_until is None:
+                grace_until = time.monotonic() + GRACE_S
+        if failures:
+            error = _first_failure(failures)
+            self._break(str(error).splitlines()[0])
+            raise error
+        if pending:
+            self._break(f"{what} timed out")
+            raise WorkerGroupError(f"{what}: {len(pending)} of {self.world_size} ranks did not answer in {timeout_s:.0f} s")
+        return [outputs[rank] for rank in range(self.world_size)]
 
     def __enter__(self) -> WorkerGroup:
         return self
@@ -192,38 +226,21 @@ class LocalWorkerGroup(WorkerGroup):
         return self._collect(timeout_s or self.timeout_s, what=method)
 
     def _collect(self, timeout_s: float, *, what: str) -> list[Any]:
-        pending = dict(enumerate(self.conns))
-        outputs: dict[int, Any] = {}
-        failures: dict[int, tuple[float, str]] = {}
-        deadline = time.monotonic() + timeout_s
-        grace_until = None
-        while pending and (grace_until is None or time.monotonic() < grace_until):
-            ready = mp.connection.wait(list(pending.values()), timeout=0.2)
-            for conn in ready:
-                rank = next(r for r, c in pending.items() if c is conn)
-                del pending[rank]
-                try:
-                    ok, value = conn.recv()
-                except (EOFError, OSError):
-                    # Died without a word (killed, or exited): taken as the cause, stamped before any
-                    # peer's error, which is then a lost connection to it.
-                    self.processes[rank].join(timeout=1)
-                    failures[rank] = (0.0, f"rank {rank} exited with code {self.processes[rank].exitcode}")
-                    continue
-                if ok:
-                    outputs[rank] = value
-                else:
-                    failures[rank] = value
-            if failures and grace_until is None:
-                grace_until = time.monotonic() + 2.0  # let the peers' failures arrive, to find the first
-            if not failures and time.monotonic() > deadline:
-                self._break(f"{what} timed out")
-                raise WorkerGroupError(f"{what}: {len(pending)} of {self.world_size} ranks did not answer in {timeout_s:.0f} s")
-        if failures:
-            error = _first_failure(failures)
-            self._break(str(error).splitlines()[0])
-            raise error
-        return [outputs[rank] for rank in range(self.world_size)]
+        return self._gather(self._poll, timeout_s, what=what)
+
+    def _poll(self, pending: set[int], wait_s: float) -> dict[int, tuple[bool, Any]]:
+        by_conn = {self.conns[rank]: rank for rank in pending}
+        answers = {}
+        for conn in mp.connection.wait(list(by_conn), timeout=wait_s):
+            rank = by_conn[conn]
+            try:
+                answers[rank] = conn.recv()
+            except (EOFError, OSError):
+                # Died without a word (killed, or exited): taken as the cause, stamped before any peer's
+                # error, which is then a lost connection to it.
+                self.processes[rank].join(timeout=1)
+                answers[rank] = (False, (0.0, f"rank {rank} exited with code {self.processes[rank].exitcode}"))
+        return answers
 
     def _break(self, reason: str) -> None:
         self.broken = reason
@@ -370,35 +387,25 @@ class RayWorkerGroup(WorkerGroup):
         return self._wait(refs, timeout_s or self.timeout_s, what=method)
 
     def _wait(self, refs: list[Any], timeout_s: float, *, what: str) -> list[Any]:
-        """Results in rank order; the first rank to fail (or die) breaks the group."""
+        """The results of one task per rank (`refs` in rank order)."""
         import ray
 
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
-        outputs: dict[int, Any] = {}
-        failures: dict[int, tuple[float, str]] = {}
-        pending, deadline, grace_until = list(refs), time.monotonic() + timeout_s, None
-        while pending and (grace_until is None or time.monotonic() < grace_until):
-            limit = deadline if grace_until is None else grace_until
-            ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, limit - time.monotonic()))
-            if not ready:
-                if failures:
-                    break
-                self._break(f"{what} timed out")
-                raise WorkerGroupError(f"{what}: {len(pending)} of {self.world_size} ranks did not answer in {timeout_s:.0f} s")
-            rank = rank_of[ready[0]]
-            try:
-                outputs[rank] = ray.get(ready[0])
-            except ray.exceptions.RayActorError as exc:  # died: the cause, as in the local launcher
-                failures[rank] = (0.0, f"rank {rank} died: {exc}")
-            except Exception as exc:  # raised: its traceback is inside
-                failures[rank] = (time.time(), str(exc))
-            if failures and grace_until is None:
-                grace_until = time.monotonic() + 2.0  # let the peers' failures arrive, to find the first
-        if failures:
-            error = _first_failure(failures)
-            self._break(str(error).splitlines()[0])
-            raise error
-        return [outputs[rank] for rank in range(self.world_size)]
+
+        def poll(pending: set[int], wait_s: float) -> dict[int, tuple[bool, Any]]:
+            ready, _ = ray.wait([refs[r] for r in pending], num_returns=len(pending), timeout=wait_s)
+            answers = {}
+            for ref in ready:
+                rank = rank_of[ref]
+                try:
+                    answers[rank] = (True, ray.get(ref))
+                except ray.exceptions.RayActorError as exc:  # died: the cause, as in the local launcher
+                    answers[rank] = (False, (0.0, f"rank {rank} died: {exc}"))
+                except Exception as exc:  # raised: its traceback is inside
+                    answers[rank] = (False, (time.time(), str(exc)))
+            return answers
+
+        return self._gather(poll, timeout_s, what=what)
 
     def _break(self, reason: str) -> None:
         self.broken = reason
