@@ -95,7 +95,8 @@ class RunJob:
         self.publisher = WeightsPublisher(
             bus=rt.bus, store=rt.store, run_id=self.run_id, full_every=self.settings.full_every
         )
-        self.max_seq_len = model_config(self.config.model.source).max_seq_len
+        architecture = model_config(self.config.model.source)  # read once: a package's from its file
+        self.max_seq_len = architecture.max_seq_len
         self.dropped_groups = 0  # uniform-reward groups dropped since the last step
         self.skipped_steps = 0  # steps skipped for non-finite numbers since the last step taken
         self.tokenizer = load_tokenizer(self.config.model.source)
@@ -103,7 +104,7 @@ class RunJob:
             None
             if self.tokenizer is None
             else ToolCallGrammar.for_agent(
-                self.tokenizer, vocab_size=model_config(self.config.model.source).vocab_size, agent=self.config.agent
+                self.tokenizer, vocab_size=architecture.vocab_size, agent=self.config.agent
             )
         )
         self.step = 0
