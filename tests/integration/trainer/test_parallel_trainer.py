@@ -6,7 +6,6 @@ a fresh group, and every trajectory ends up trained exactly once."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 import msgspec
 import pytest
 from nats.js.api import DeliverPolicy
-from test_trainer_service import graded
+from test_trainer_service import _finished, graded
 
 from crucible.bus import Bus
 from crucible.contracts import subjects
@@ -86,19 +85,11 @@ async def _steps(bus: Bus, run_id: str, count: int, *, timeout_s: float = 300) -
         await sub.unsubscribe()
 
 
-async def _finished(bus: Bus, run_id: str, *, timeout_s: float = 300) -> RunFinished:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:  # the run's durable end, observed
-        if (finished := await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished)) is not None:
-            return finished
-        await asyncio.sleep(0.2)
-    pytest.fail(f"run {run_id} did not finish")
-
-
 async def _train(rt, parallel: dict) -> tuple[list[tuple[float, float]], RunFinished]:
     run_id, _ = await _start(rt.bus, parallel)
     reports = await _steps(rt.bus, run_id, STEPS)
-    return [(r.metrics["loss"], r.metrics["grad_norm"]) for r in reports], await _finished(rt.bus, run_id)
+    ended = await _finished(rt.bus, run_id, timeout_s=300)
+    return [(r.metrics["loss"], r.metrics["grad_norm"]) for r in reports], ended
 
 
 def _rank_processes() -> list[int]:
@@ -150,7 +141,7 @@ async def test_a_rank_killed_mid_run_costs_the_run_nothing(common_settings) -> N
         ranks = _rank_processes()
         assert len(ranks) == 4, ranks
         os.kill(ranks[-1], signal.SIGKILL)
-        ended = await _finished(bus, run_id)
+        ended = await _finished(bus, run_id, timeout_s=300)
         reports = await _steps(bus, run_id, STEPS)
         slots = []
         for slot in (0, 1):

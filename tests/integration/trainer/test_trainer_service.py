@@ -141,13 +141,14 @@ async def test_a_published_version_exports_to_a_directory_transformers_loads(com
         assert (reloaded(x).logits - model.eval()(x).logits).abs().max() <= 1e-4
 
 
-async def _finished(bus: Bus, run_id: str) -> RunFinished:
-    for _ in range(600):  # the run's durable end, observed
+async def _finished(bus: Bus, run_id: str, *, timeout_s: float = 60) -> RunFinished:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:  # the run's durable end, observed
         finished = await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished)
         if finished is not None:
             return finished
         await asyncio.sleep(0.1)
-    pytest.fail("the run did not finish")
+    pytest.fail(f"run {run_id} did not finish")
 
 
 async def test_a_step_with_a_non_finite_reward_is_skipped_and_too_many_fail_the_run(common_settings) -> None:
