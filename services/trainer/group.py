@@ -85,7 +85,7 @@ class PolicyGroup:
             keep_ray=True,
         )
 
-    def slices(self, trajectories: list[Trajectory], advantages: list[float]) -> list[tuple[Slice]]:
+    def slices(self, trajectories: list[Trajectory], advantages: list[float]) -> list[Slice]:
         """Contiguous, near-equal runs of trajectories, one per rank. A rank left without one still runs
         the step (its peers wait for it in every collective) on a copy of the first trajectory that
         counts nowhere: no sampled token, no valid position."""
@@ -106,16 +106,16 @@ class PolicyGroup:
                 batch = collate(trajectories[:1], [0.0])
                 batch.mask_BT.zero_()
                 batch.valid_BT.zero_()
-            parts.append((Slice(batch=batch, totals=totals),))
+            parts.append(Slice(batch=batch, totals=totals))
         return parts
 
     def train(self, trajectories: list[Trajectory], advantages: list[float]) -> dict[str, float]:
         """One RL step over the whole group; raises NonFiniteStep when it was skipped."""
-        return self._step(self.workers.call_each("train", self.slices(trajectories, advantages)))
+        return self._step(self.workers.call_each("train", [(p,) for p in self.slices(trajectories, advantages)]))
 
     def sft(self, trajectories: list[Trajectory], *, learning_rate: float) -> dict[str, float]:
         parts = self.slices(trajectories, [0.0] * len(trajectories))
-        return self._step(self.workers.call_each("sft", [(p, learning_rate) for (p,) in parts]))
+        return self._step(self.workers.call_each("sft", [(p, learning_rate) for p in parts]))
 
     @staticmethod
     def _step(per_rank: list[dict]) -> dict[str, float]:
