@@ -9,31 +9,26 @@ from __future__ import annotations
 
 from crucible.agent import tokenizer
 from crucible.contracts.messages import GradedTrajectory
-from crucible.contracts.packing import unpack
+from crucible.contracts.trajectories import arrays
 from services.api.schemas import Segment
 
 
 def segments(graded: GradedTrajectory) -> list[Segment]:
     traj = graded.trajectory
-    tokens = unpack("u32", traj.tokens)
-    versions = unpack("u32", traj.versions)
-    mask = unpack("u8", traj.loss_mask)
-    if not len(tokens) == len(versions) == len(mask):
-        counts = f"{len(tokens)} tokens, {len(versions)} versions, {len(mask)} mask"
-        raise ValueError(f"trajectory {traj.trajectory_id}: {counts}")
-    texts = len(traj.token_text) == len(tokens)
+    packed = arrays(traj)
+    tokens, versions, sampled = packed.tokens.tolist(), packed.versions.tolist(), packed.sampled.tolist()
     out: list[Segment] = []
     start = 0
     for i in range(1, len(tokens) + 1):
-        if i < len(tokens) and mask[i] == mask[start] and versions[i] == versions[start]:
+        if i < len(tokens) and sampled[i] == sampled[start] and versions[i] == versions[start]:
             continue
         out.append(
             Segment(
-                role="agent" if mask[start] else "environment",
+                role="agent" if sampled[start] else "environment",
                 version=versions[start],
                 token_start=start,
                 token_end=i,
-                text="".join(traj.token_text[start:i]) if texts else tokenizer.decode(tokens[start:i]),
+                text="".join(traj.token_text[start:i]) if traj.token_text else tokenizer.decode(tokens[start:i]),
             )
         )
         start = i
@@ -41,9 +36,6 @@ def segments(graded: GradedTrajectory) -> list[Segment]:
 
 
 def agent_versions(graded: GradedTrajectory) -> tuple[int, int]:
-    """The lowest and highest policy version among the agent's tokens (all tokens if it sampled none)."""
-    traj = graded.trajectory
-    versions = unpack("u32", traj.versions)
-    mask = unpack("u8", traj.loss_mask)
-    sampled = [v for v, m in zip(versions, mask, strict=False) if m] or versions
-    return (min(sampled), max(sampled)) if sampled else (0, 0)
+    """The lowest and highest policy version among the agent's tokens; (0, 0) if it sampled none, as for
+    an empty trajectory (its environment tokens' versions are no policy's work)."""
+    return arrays(graded.trajectory).version_span or (0, 0)

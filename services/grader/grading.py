@@ -25,8 +25,8 @@ from crucible.bus import Bus, BusError
 from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts import subjects
 from crucible.contracts.messages import Reward, RunCreated, TaskReply, TaskRequest, TaskSecret, Trajectory
-from crucible.contracts.packing import unpack
 from crucible.contracts.runconfig import RunConfig
+from crucible.contracts.trajectories import arrays
 from services.grader.anticheat import BadDiff, protected_paths, touched_paths
 from services.grader.metrics import TAMPERED
 from services.grader.quality import change_measures, lint_findings, lint_paths
@@ -168,7 +168,7 @@ async def run_hidden_tests(
         pass_to_pass=secret.pass_to_pass,
         changed=True,
         tool_calls=trajectory.tool_calls,
-        sampled_tokens=sum(unpack("u8", trajectory.loss_mask)),
+        sampled_tokens=arrays(trajectory).num_sampled,
         token_budget=config.agent.max_turns * config.agent.max_action_tokens,
         options=config.reward,
     )

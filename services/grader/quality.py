@@ -17,7 +17,7 @@ import re
 
 from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import Trajectory
-from crucible.contracts.packing import unpack
+from crucible.contracts.trajectories import arrays
 from services.grader.anticheat import BadDiff, added_test_modules, diff_path, parse_diff, touched_paths
 
 LINT_COMMAND = ("python", "-m", "ruff", "check", "--no-cache", "--isolated", "--exit-zero", "--statistics",
@@ -73,6 +73,6 @@ def change_measures(*, trajectory: Trajectory, reference_patch: str) -> dict[str
         "files_outside_reference": float(len(touched - expected - new_tests)),
         "tests_added": float(tests_added),
         "tool_calls": float(len(trajectory.tool_calls)),
-        "tokens": float(sum(unpack("u8", trajectory.loss_mask))),
+        "tokens": float(arrays(trajectory).num_sampled),
         "wall_s": max(0.0, trajectory.finished_at - trajectory.started_at),
     }

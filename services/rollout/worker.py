@@ -19,6 +19,7 @@ from crucible.contracts import subjects
 from crucible.contracts.events import Event, RolloutReport
 from crucible.contracts.messages import SampleReply, SampleRequest, Trajectory, WeightsAnnounced
 from crucible.contracts.runconfig import RunConfig
+from crucible.contracts.trajectories import arrays
 from crucible.outage import Unavailable
 from crucible.runs import end_run, run_end
 from crucible.runtime import Runtime
@@ -271,7 +272,7 @@ class RunWorker:
             else:
                 trajectory = await run_episode(**episode)
         EPISODES.labels(self.run_id, trajectory.finish_reason).inc()
-        n = len(trajectory.tokens) // 4
+        n = arrays(trajectory).num_tokens
         TOKENS.labels(self.run_id).inc(n)
         self.episodes += 1
         self.tokens += n

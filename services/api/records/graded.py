@@ -8,8 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.contracts import encode
 from crucible.contracts.messages import GradedTrajectory
-from crucible.contracts.packing import unpack
-from crucible.contracts.trajectories import check_graded
+from crucible.contracts.trajectories import arrays, check_graded
 from crucible.db.models import Grading, Trajectory
 from crucible.db.statements import insert_or_ignore
 from services.api.records.common import known_run, log, when
@@ -27,7 +26,6 @@ async def record_graded(*, session: AsyncSession, graded: GradedTrajectory) -> b
     check_graded(graded)  # what the detail page decodes must decode: refused here, it is dead-lettered
     if await known_run(session, traj.run_id, f"graded trajectory {traj.trajectory_id}") is None:
         return False
-    num_tokens = len(unpack("u32", traj.tokens))
     version_min, version_max = agent_versions(graded)
     await insert_or_ignore(
         session,
@@ -46,7 +44,7 @@ async def record_graded(*, session: AsyncSession, graded: GradedTrajectory) -> b
         eval_sample=traj.eval_sample,
         quality=reward.quality,
         finish_reason=traj.finish_reason,
-        num_tokens=num_tokens,
+        num_tokens=arrays(traj).num_tokens,
         version_min=version_min,
         version_max=version_max,
         tool_calls=msgspec.to_builtins(traj.tool_calls),

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from crucible.agent import tokenizer
+from crucible.contracts import ContractError
 from crucible.contracts.messages import GradedTrajectory, Reward, Trajectory
 from crucible.contracts.packing import pack
 from services.api.transcript import agent_versions, segments
@@ -60,14 +61,14 @@ def test_empty_trajectory_has_no_segments() -> None:
     assert segments(g) == [] and agent_versions(g) == (0, 0)
 
 
-def test_without_agent_tokens_versions_come_from_all_tokens() -> None:
-    assert agent_versions(graded([(tokenizer.encode("hi"), 0, 4)])) == (4, 4)
+def test_without_agent_tokens_there_are_no_agent_versions() -> None:
+    assert agent_versions(graded([(tokenizer.encode("hi"), 0, 4)])) == (0, 0)
 
 
 def test_arrays_of_different_lengths_are_refused() -> None:
     g = graded([(tokenizer.encode("abc"), 1, 0)])
     g.trajectory.versions = pack("u32", [0, 0])
-    with pytest.raises(ValueError, match="3 tokens, 2 versions, 3 mask"):
+    with pytest.raises(ContractError, match="3 tokens, 3 logprobs, 2 versions, 3 loss_mask"):
         segments(g)
 
 
