@@ -68,9 +68,23 @@ def resolve(source: str) -> Source:
 
 def model_config(source: str) -> ModelConfig:
     """The ModelConfig of a source, reading no weights (only the config of a GGUF file)."""
+    return read_config(resolve(source))
+
+
+def initial_model(source: str, *, seed: int, precision: str) -> Transformer:
+    """A run's starting weights: a preset initialised from `seed`, or the pretrained checkpoint."""
+    return load_initial(resolve(source), seed=seed, precision=precision)
+
+
+def load_tokenizer(source: str) -> Any:
+    """The source's own tokenizer (None for a preset, whose agent speaks the byte-level format)."""
+    return read_tokenizer(resolve(source))
+
+
+def read_config(found: Source) -> ModelConfig:
+    """`model_config` of a resolved source (crucible.model.spec keeps it per process)."""
     from crucible.model.hf import config_from_hf
 
-    found = resolve(source)
     if found.kind == "preset":
         return PRESETS[found.value]
     if found.kind == "hf":
@@ -78,15 +92,15 @@ def model_config(source: str) -> ModelConfig:
     from transformers import AutoConfig
 
     path = Path(found.value)
-    return config_from_hf(AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict(), where=found.value)
+    hf = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
+    return config_from_hf(hf, where=found.value)
 
 
-def initial_model(source: str, *, seed: int, precision: str) -> Transformer:
-    """A run's starting weights: a preset initialised from `seed`, or the pretrained checkpoint."""
+def load_initial(found: Source, *, seed: int, precision: str) -> Transformer:
+    """`initial_model` of a resolved source."""
     from crucible.model.hf import load_pretrained
     from crucible.model.transformer import build_model
 
-    found = resolve(source)
     if found.kind == "preset":
         return build_model(PRESETS[found.value], precision=precision, seed=seed)
     model = load_pretrained(found.value)
@@ -94,9 +108,8 @@ def initial_model(source: str, *, seed: int, precision: str) -> Transformer:
     return model
 
 
-def load_tokenizer(source: str) -> Any:
-    """The source's own tokenizer (None for a preset, whose agent speaks the byte-level format)."""
-    found = resolve(source)
+def read_tokenizer(found: Source) -> Any:
+    """`load_tokenizer` of a resolved source."""
     if found.kind == "preset":
         return None
     from transformers import AutoTokenizer
