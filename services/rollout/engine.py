@@ -23,9 +23,9 @@ from crucible.agent import grammar, tokenizer
 from crucible.agent.episode import EpisodeState
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.contracts.runconfig import RunConfig
-from crucible.model import PRESETS, Transformer, build_model
+from crucible.model import Transformer, build_model
 from crucible.model.batcher import ContinuousBatcher
-from crucible.model.sources import load_tokenizer, model_config
+from crucible.model.spec import PolicySpec
 
 
 class PolicyEngine:
@@ -34,18 +34,13 @@ class PolicyEngine:
 
     def __init__(self, *, config: RunConfig, max_context: int, max_sequences: int = 64, prefill_chunk: int = 256) -> None:
         self.config = config
-        source = config.model.source
-        self.model_config = model_config(source)
-        self.tokenizer = load_tokenizer(source)
-        self.tool_calls: ToolCallGrammar | None = None
-        if self.tokenizer is None:
-            if self.model_config.vocab_size != tokenizer.VOCAB_SIZE:
-                raise ValueError(f"preset {source!r} has vocab {self.model_config.vocab_size}")
-        else:
-            self.tool_calls = ToolCallGrammar.for_agent(
-                self.tokenizer, vocab_size=self.model_config.vocab_size, agent=config.agent
-            )
-        self.max_context = min(max_context, self.model_config.max_seq_len)
+        self.policy = PolicySpec.resolve(config, max_context=max_context)
+        self.model_config = self.policy.architecture
+        if self.policy.byte_level and self.model_config.vocab_size != tokenizer.VOCAB_SIZE:
+            raise ValueError(f"preset {config.model.source!r} has vocab {self.model_config.vocab_size}")
+        self.tokenizer = self.policy.tokenizer
+        self.tool_calls: ToolCallGrammar | None = self.policy.tool_calls
+        self.max_context = self.policy.max_context
         self.batcher = ContinuousBatcher(
             max_context=self.max_context, max_slots=max_sequences, prefill_chunk=prefill_chunk
         )
@@ -62,10 +57,10 @@ class PolicyEngine:
         self.close()
 
     def _build(self) -> Transformer:
-        if self.config.model.source in PRESETS:
-            model = build_model(self.model_config, precision=self.config.model.precision, seed=self.config.seed)
+        if self.policy.byte_level:
+            model = build_model(self.model_config, precision=self.policy.precision, seed=self.config.seed)
         else:  # the weights come with the swap
-            model = Transformer(self.model_config, precision=self.config.model.precision)
+            model = Transformer(self.model_config, precision=self.policy.precision)
         model.eval()
         model.requires_grad_(False)
         return model

@@ -38,7 +38,7 @@ from crucible.agent.episode import EpisodeState
 from crucible.agent.toolcalls import ToolCallError, ToolCallGrammar
 from crucible.contracts.runconfig import RunConfig
 from crucible.model.hf import export_weights
-from crucible.model.sources import load_tokenizer, model_config
+from crucible.model.spec import PolicySpec
 
 Kind = Literal["vllm", "sglang"]
 
@@ -175,22 +175,21 @@ class ExternalEngine:
         max_context: int,
         timeout_s: float = 300.0,
     ) -> None:
-        source = config.model.source
         self.config = config
-        self.tokenizer = load_tokenizer(source)
-        if self.tokenizer is None:
+        self.policy = PolicySpec.resolve(config, max_context=max_context)
+        if self.policy.byte_level:
             raise ValueError(
-                f"preset {source!r} speaks Crucible's byte-level format: no external engine serves it"
+                f"preset {config.model.source!r} speaks Crucible's byte-level format: "
+                "no external engine serves it"
             )
         if config.agent.driver != "builtin":
             raise ValueError(
                 "an agent harness drives the replica's own endpoint: an external engine serves the builtin loop"
             )
-        self.model_config = model_config(source)
-        self.tool_calls: ToolCallGrammar = ToolCallGrammar.for_agent(
-            self.tokenizer, vocab_size=self.model_config.vocab_size, agent=config.agent
-        )
-        self.max_context = min(max_context, self.model_config.max_seq_len)
+        self.tokenizer = self.policy.tokenizer
+        self.model_config = self.policy.architecture
+        self.tool_calls: ToolCallGrammar = self.policy.tool_calls
+        self.max_context = self.policy.max_context
         self.kind = kind
         self.weights_dir = Path(weights_dir)
         self.client = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout_s)

@@ -91,18 +91,23 @@ class ServingEngine:
         self._grammars: OrderedDict[str, ToolCallGrammar] = OrderedDict()
 
     @classmethod
-    def from_source(cls, source: str, *, precision: str = "fp32", **kwargs: Any) -> ServingEngine:
-        """A model source as a run names it (crucible.model.sources): a checkpoint directory, a GGUF file,
-        a packaged checkpoint. Presets have no tokenizer of their own and cannot be served."""
-        from crucible.model.sources import initial_model, load_tokenizer
+    def from_source(
+        cls, source: str, *, precision: str = "fp32", max_context: int | None = None, **kwargs: Any
+    ) -> ServingEngine:
+        """A model source as a run names it (crucible.model.spec): a checkpoint directory, a GGUF file, a
+        packaged checkpoint. Presets have no tokenizer of their own and cannot be served."""
+        from crucible.model.spec import resolve_policy
 
-        tokenizer = load_tokenizer(source)
-        if tokenizer is None:
+        policy = resolve_policy(source, precision=precision, max_context=max_context)
+        if policy.byte_level:
             raise ValueError(
                 f"{source!r} is a preset: it speaks the byte-level format and has no chat template to serve"
             )
-        model = initial_model(source, seed=0, precision=precision).eval().requires_grad_(False)
-        return cls(model=model, tokenizer=tokenizer, name=kwargs.pop("name", source), precision=precision, **kwargs)
+        model = policy.initial_model().eval().requires_grad_(False)
+        return cls(
+            model=model, tokenizer=policy.tokenizer, name=kwargs.pop("name", source),
+            precision=policy.precision, max_context=policy.max_context, **kwargs,
+        )  # fmt: skip
 
     @property
     def version(self) -> int:
