@@ -1,4 +1,7 @@
-"""A run's end: the one way the three services that may end a run do it (the trainer when the run is
+"""A run on the RUNS stream: its config, read by every service that works on it, and its end.
+
+`run_config` reads the config the run was created with (its `RunCreated`, published once by the api).
+`end_run` is the one way the three services that may end a run do it (the trainer when the run is
 done or cannot go on, the rollouts when they cannot run it, the api when an operator cancels it).
 
 The end is a `RunFinished` on the RUNS stream under one message id per run, so the first end published
@@ -14,7 +17,14 @@ import time
 from crucible.bus import Bus
 from crucible.contracts import subjects
 from crucible.contracts.events import Event, RunStatus
-from crucible.contracts.messages import RunFinished
+from crucible.contracts.messages import RunCreated, RunFinished
+from crucible.contracts.runconfig import RunConfig
+
+
+async def run_config(bus: Bus, run_id: str) -> RunConfig | None:
+    """The config the run was created with, or None if there is no such run."""
+    created = await bus.latest(subjects.RUNS, subjects.run_created(run_id), RunCreated)
+    return None if created is None else created.config
 
 
 async def run_end(bus: Bus, run_id: str) -> RunFinished | None:

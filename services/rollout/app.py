@@ -7,8 +7,8 @@ import torch
 
 from crucible.bus import Delivery
 from crucible.contracts import subjects
-from crucible.contracts.messages import EvalRequest, RunCreated, WeightsAnnounced
-from crucible.runs import run_end
+from crucible.contracts.messages import EvalRequest, WeightsAnnounced
+from crucible.runs import run_config, run_end
 from crucible.runtime import Runtime
 from services.rollout.admission import budget_spent
 from services.rollout.evaluation import handle_eval_request
@@ -31,17 +31,16 @@ async def setup(rt: Runtime[Settings]) -> None:
     async def on_announced(announced: WeightsAnnounced) -> None:
         worker = workers.get(announced.run_id)
         if worker is None:
-            created = await rt.bus.latest(subjects.RUNS, subjects.run_created(announced.run_id), RunCreated)
-            if created is None:
+            config = await run_config(rt.bus, announced.run_id)
+            if config is None:
                 rt.log.error("weights announced for an unknown run", run_id=announced.run_id)
                 return
             if await run_end(rt.bus, announced.run_id) is not None or await budget_spent(
-                redis=rt.redis, run_id=announced.run_id, config=created.config
+                redis=rt.redis, run_id=announced.run_id, config=config
             ):
                 return
-            worker = workers[announced.run_id] = RunWorker(
-                rt=rt, run_id=announced.run_id, config=created.config, episodes=episodes
-            )
+            worker = RunWorker(rt=rt, run_id=announced.run_id, config=config, episodes=episodes)
+            workers[announced.run_id] = worker
             rt.spawn(work(worker), name=f"run-{announced.run_id}")
             rt.log.info("joined run", run_id=announced.run_id)
         await worker.on_announced(announced)

@@ -116,24 +116,23 @@ async def _run_model(run_id: str, version: int | None):
     """A run's published weights (over the bus and the object store), in the model its config names."""
     from crucible.bus import Bus
     from crucible.clients.checkpoints import load_weights
-    from crucible.contracts import subjects
-    from crucible.contracts.messages import RunCreated
     from crucible.model import Transformer
     from crucible.model.sources import model_config
     from crucible.objectstore import ObjectStore
+    from crucible.runs import run_config
     from crucible.settings import CommonSettings
 
     settings = CommonSettings()
     store = ObjectStore.from_settings(settings)
     bus = await Bus.connect(settings, store=store, name="cli")
     try:
-        created = await bus.latest(subjects.RUNS, subjects.run_created(run_id), RunCreated)
-        if created is None:
+        config = await run_config(bus, run_id)
+        if config is None:
             raise LookupError(f"no run {run_id} on the bus at {settings.nats_url}")
         manifest, state = await load_weights(bus=bus, store=store, run_id=run_id, version=version)
     finally:
         await bus.close()
-    model = Transformer(model_config(created.config.model.source), precision="fp32")
+    model = Transformer(model_config(config.model.source), precision="fp32")
     model.load_state_dict(state, strict=True)
     return model.eval()
 
