@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
+import numpy as np
 import torch
 
 from crucible.contracts.messages import Trajectory
-from crucible.contracts.packing import unpack
+from crucible.contracts.trajectories import arrays
 
 
 @dataclass
@@ -67,61 +68,48 @@ def collate(trajectories: list[Trajectory], advantages: list[float]) -> Batch:
     warm start, whose loss ignores them)."""
     if len(trajectories) != len(advantages) or not trajectories:
         raise ValueError("need one advantage per trajectory and at least one trajectory")
-    columns = []
-    for t in trajectories:
-        tokens = unpack("u32", t.tokens)
-        arrays = [
-            tokens,
-            unpack("f32", t.logprobs),
-            unpack("u8", t.loss_mask),
-            unpack("u8", t.constraints),
-            unpack("u32", t.versions),
-        ]
-        if any(len(a) != len(tokens) for a in arrays):
-            raise ValueError(f"trajectory {t.trajectory_id}: per-token arrays differ in length")
-        columns.append(arrays)
-    B, T = len(trajectories), max(len(c[0]) for c in columns)
+    views = [arrays(t) for t in trajectories]  # lengths checked: ContractError if they differ
+    B, T = len(trajectories), max(v.num_tokens for v in views)
 
-    def pad(index: int, dtype: torch.dtype) -> torch.Tensor:
+    def pad(column: str, dtype: torch.dtype) -> torch.Tensor:
         out = torch.zeros(B, T, dtype=dtype)
-        for b, c in enumerate(columns):
-            out[b, : len(c[index])] = torch.tensor(c[index], dtype=dtype)
+        numpy_dtype = np.int64 if dtype == torch.long else np.float32
+        for b, v in enumerate(views):
+            values = getattr(v, column)
+            out[b, : len(values)] = torch.from_numpy(values.astype(numpy_dtype))
         return out
 
     routes = None
-    shapes = [t.routes_shape for t in trajectories]
-    if all(shapes):
-        L, k = shapes[0][1], shapes[0][2]
+    if all(v.routes is not None for v in views):
+        L, k = views[0].routes.shape[1:]
         # Padding positions get distinct experts 0..k-1: a valid route whose output is masked out anyway
         # and which valid_BT keeps out of the routers' load.
         routes = torch.arange(k, dtype=torch.long).expand(B, T, L, k).clone()
-        for b, t in enumerate(trajectories):
-            n = shapes[b][0]
-            values = torch.tensor(unpack("u8", t.routes), dtype=torch.long)
-            routes[b, :n] = values.view(n, L, k)
+        for b, v in enumerate(views):
+            routes[b, : v.num_tokens] = torch.from_numpy(v.routes.astype(np.int64))
     # Each context is a model row of its own: row r = (trajectory, context), positions from 0.
     row = torch.zeros(B, T, dtype=torch.long)
     column = torch.full((B, T), T, dtype=torch.long)
     rows = 0
     for b, t in enumerate(trajectories):
-        bounds = [*(t.context_starts or [0]), len(columns[b][0])]
+        bounds = [*(t.context_starts or [0]), views[b].num_tokens]
         for start, end in zip(bounds, bounds[1:]):
             row[b, start:end] = rows
             column[b, start:end] = torch.arange(end - start)
             rows += 1
     adv = torch.tensor(advantages, dtype=torch.float32)[:, None].expand(B, T).contiguous()
     # Every real token was routed in the rollout and counts in the routers' load; padding does not.
-    lengths = torch.tensor([len(c[0]) for c in columns])
+    lengths = torch.tensor([v.num_tokens for v in views])
     valid = (torch.arange(T)[None, :] < lengths[:, None]).float()
     return Batch(
-        tokens_BT=pad(0, torch.long),
-        behaviour_logprobs_BT=pad(1, torch.float32),
-        mask_BT=pad(2, torch.float32),
+        tokens_BT=pad("tokens", torch.long),
+        behaviour_logprobs_BT=pad("logprobs", torch.float32),
+        mask_BT=pad("loss_mask", torch.float32),
         valid_BT=valid,
-        constraints_BT=pad(3, torch.long),
+        constraints_BT=pad("constraints", torch.long),
         advantages_BT=adv,
         routes_BTLk=routes,
-        versions_BT=pad(4, torch.long),
+        versions_BT=pad("versions", torch.long),
         row_BT=row,
         column_BT=column,
         rows=rows,

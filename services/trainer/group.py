@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from crucible.contracts.messages import Trajectory
 from crucible.contracts.runconfig import RunConfig
-from crucible.parallel import start_workers
+from crucible.model.spec import PolicySpec
+from crucible.parallel import WorkerGroup, start_workers
 from crucible.rl.losses import BatchTotals
 from services.trainer.batch import collate
 from services.trainer.policy import PolicyRank, Slice
@@ -58,7 +59,41 @@ def combine(per_rank: list[dict[str, float]]) -> dict[str, float]:
     return out
 
 
+def slices(trajectories: list[Trajectory], advantages: list[float], *, world_size: int) -> list[Slice]:
+    """A step's trajectories cut into contiguous, near-equal runs, one per rank, each with the whole
+    batch's counts. A rank left without one still runs the step (its peers wait for it in every
+    collective) on a copy of the first trajectory that counts nowhere: no sampled token, no valid position."""
+    bounds = [len(trajectories) * r // world_size for r in range(world_size + 1)]
+    batches = [
+        collate(trajectories[lo:hi], advantages[lo:hi]) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])
+    ]
+    real = [b for b in batches if b is not None]
+    totals = BatchTotals(
+        tokens=sum(float(b.mask_BT.sum()) for b in real),
+        sequences=sum(float((b.mask_BT.sum(-1) > 0).sum()) for b in real),
+        rows=len(trajectories),
+    )
+    parts = []
+    for batch in batches:
+        if batch is None:
+            batch = collate(trajectories[:1], [0.0])
+            batch.mask_BT.zero_()
+            batch.valid_BT.zero_()
+        parts.append(Slice(batch=batch, totals=totals))
+    return parts
+
+
+def step_metrics(per_rank: list[dict[str, float | str]]) -> dict[str, float]:
+    """The ranks' answers to one step as its metrics; raises NonFiniteStep when they skipped it."""
+    skipped = per_rank[0].get("skipped")
+    if isinstance(skipped, str):
+        raise NonFiniteStep(skipped)
+    return combine([{k: float(v) for k, v in r.items()} for r in per_rank])
+
+
 class PolicyGroup:
+    """The run's ranks, driven through typed calls; every call blocks until each rank has answered."""
+
     def __init__(
         self,
         config: RunConfig,
@@ -66,15 +101,17 @@ class PolicyGroup:
         timeout_s: float,
         threads: int | None = None,
         ray_address: str = "",
+        spec: PolicySpec | None = None,
         rank: type[PolicyRank] = PolicyRank,
     ) -> None:
         """`threads`: torch threads per local rank (default: this machine's cores shared among the ranks);
-        `rank`: the class every rank builds (tests pass a subclass they can look into)."""
+        `spec`: the run's policy, resolved (default: from `config`); `rank`: the class every rank builds
+        (tests pass a subclass they can look into)."""
         parallel = config.parallel
         self.world_size, self.launcher = parallel.world_size, parallel.launcher
-        self.workers = start_workers(
+        self.workers: WorkerGroup[PolicyRank] = start_workers(
             rank,
-            args=(config,),
+            args=(config, spec or PolicySpec.resolve(config)),
             world_size=parallel.world_size,
             launcher=parallel.launcher,
             backend=None if parallel.backend == "auto" else parallel.backend,
@@ -85,61 +122,34 @@ class PolicyGroup:
             keep_ray=True,
         )
 
-    def slices(self, trajectories: list[Trajectory], advantages: list[float]) -> list[Slice]:
-        """Contiguous, near-equal runs of trajectories, one per rank. A rank left without one still runs
-        the step (its peers wait for it in every collective) on a copy of the first trajectory that
-        counts nowhere: no sampled token, no valid position."""
-        ranks = self.world_size
-        bounds = [len(trajectories) * r // ranks for r in range(ranks + 1)]
-        batches = [
-            collate(trajectories[lo:hi], advantages[lo:hi]) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])
-        ]
-        real = [b for b in batches if b is not None]
-        totals = BatchTotals(
-            tokens=sum(float(b.mask_BT.sum()) for b in real),
-            sequences=sum(float((b.mask_BT.sum(-1) > 0).sum()) for b in real),
-            rows=len(trajectories),
-        )
-        parts = []
-        for batch in batches:
-            if batch is None:
-                batch = collate(trajectories[:1], [0.0])
-                batch.mask_BT.zero_()
-                batch.valid_BT.zero_()
-            parts.append(Slice(batch=batch, totals=totals))
-        return parts
-
     def train(self, trajectories: list[Trajectory], advantages: list[float]) -> dict[str, float]:
         """One RL step over the whole group; raises NonFiniteStep when it was skipped."""
-        return self._step(self.workers.call_each("train", [(p,) for p in self.slices(trajectories, advantages)]))
+        parts = slices(trajectories, advantages, world_size=self.world_size)
+        return step_metrics(self.workers.call_each(PolicyRank.train, [((p,), {}) for p in parts]))
 
     def sft(self, trajectories: list[Trajectory], *, learning_rate: float) -> dict[str, float]:
-        parts = self.slices(trajectories, [0.0] * len(trajectories))
-        return self._step(self.workers.call_each("sft", [(p, learning_rate) for p in parts]))
-
-    @staticmethod
-    def _step(per_rank: list[dict]) -> dict[str, float]:
-        if skipped := per_rank[0].get("skipped"):
-            raise NonFiniteStep(skipped)
-        return combine(per_rank)
+        parts = slices(trajectories, [0.0] * len(trajectories), world_size=self.world_size)
+        return step_metrics(self.workers.call_each(PolicyRank.sft, [((p, learning_rate), {}) for p in parts]))
 
     def end_sft(self) -> None:
-        self.workers.call("end_sft")
+        self.workers.call(PolicyRank.end_sft)
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return self.workers.call("weights")[0]
+        state = self.workers.call(PolicyRank.weights)[0]
+        assert state is not None  # rank 0 holds the gathered weights
+        return state
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
-        self.workers.call("load_weights", state)
+        self.workers.call(PolicyRank.load_weights, state)
 
     def set_reference(self, state: dict[str, torch.Tensor]) -> None:
-        self.workers.call("set_reference", state)
+        self.workers.call(PolicyRank.set_reference, state)
 
     def save(self, directory: str) -> None:
-        self.workers.call("save", directory)
+        self.workers.call(PolicyRank.save, directory)
 
     def load(self, directory: str) -> None:
-        self.workers.call("load", directory)
+        self.workers.call(PolicyRank.load, directory)
 
     def close(self) -> None:
         self.workers.close()

@@ -21,7 +21,7 @@ from crucible.agent.grammar import TOOL_CALL, constrained_logprobs, masked_logpr
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.contracts.runconfig import RunConfig
 from crucible.model import Transformer
-from crucible.model.sources import initial_model, load_tokenizer
+from crucible.model.spec import PolicySpec
 from crucible.parallel import (
     ParallelConfig,
     all_reduce_router_loads,
@@ -98,7 +98,7 @@ def token_logprobs(
 class PolicyRank:
     """One rank of a run's worker group (built by `crucible.parallel.start_workers` on every rank)."""
 
-    def __init__(self, config: RunConfig) -> None:
+    def __init__(self, config: RunConfig, spec: PolicySpec) -> None:
         self.config = config
         parallel = config.parallel
         self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
@@ -107,18 +107,13 @@ class PolicyRank:
             device_type=self.device.type,
         )
         # Every rank builds the same plain model (same source and seed), then keeps its part of it.
-        plain = initial_model(config.model.source, seed=config.seed, precision=config.model.precision)
+        plain = spec.initial_model(seed=config.seed)
         self.cfg = plain.cfg
         self.model = parallelize(plain.to(self.device), mesh=mesh)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.learning_rate, weight_decay=0.0)
         self.sft_optimizer: torch.optim.Optimizer | None = None
         self.reference: Transformer | None = None  # the KL term's frozen start, whole on every rank
-        tokenizer = load_tokenizer(config.model.source)
-        self.tool_calls = (  # the rollouts' action grammar, replayed over the sampled tokens
-            None
-            if tokenizer is None
-            else ToolCallGrammar.for_agent(tokenizer, vocab_size=self.cfg.vocab_size, agent=config.agent)
-        )
+        self.tool_calls = spec.tool_calls  # the rollouts' action grammar, replayed over the sampled tokens
 
     def train(self, part: Slice) -> dict[str, float | str]:
         """One RL step on this rank's slice: the run's policy loss, then the shared step."""

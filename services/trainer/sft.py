@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,6 +31,7 @@ from crucible.agent.solutions import (
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts import subjects
+from crucible.contracts.events import WarmStartReport
 from crucible.contracts.messages import (
     ListRequest,
     ObjectRef,
@@ -42,6 +44,7 @@ from crucible.contracts.messages import (
 from crucible.contracts.runconfig import RunConfig
 from crucible.objectstore import ObjectNotFound
 from crucible.runtime import Runtime
+from services.trainer.group import PolicyGroup
 from services.trainer.settings import Settings
 
 SANDBOX_TTL_S = 600.0
@@ -151,3 +154,49 @@ def batches(trajectories: list[Trajectory], *, steps: int, batch_size: int, seed
             batch.append(order.pop())
         out.append(batch)
     return out
+
+
+MAX_REPORTED_LOSSES = 200
+
+
+async def warm_start(
+    rt: Runtime[Settings],
+    policy: PolicyGroup,
+    *,
+    run_id: str,
+    config: RunConfig,
+    tokenizer: Any,
+    tool_calls: ToolCallGrammar | None,
+    max_context: int,
+) -> WarmStartReport | None:
+    """Render the demonstrations and train `sft.steps` steps on them in the run's worker group; None
+    when stopping cut it short (nothing is saved yet: a trainer that takes the run back starts again).
+    Raises DemonstrationError when no demonstration can be played, NonFiniteStep on a non-finite step."""
+    started = time.perf_counter()
+    sft = config.sft
+    demos = await render(
+        rt, run_id=run_id, config=config, tokenizer=tokenizer, tool_calls=tool_calls, max_context=max_context
+    )
+    if not demos.trajectories:
+        left_out = dict(demos.skipped) or "none found"
+        raise DemonstrationError(f"sft: no demonstration could be played (left out: {left_out})")
+    rt.log.info("warm start", run_id=run_id, demonstrations=len(demos.trajectories), skipped=dict(demos.skipped))
+    losses, tokens = [], 0
+    for batch in batches(demos.trajectories, steps=sft.steps, batch_size=sft.batch_size, seed=config.seed):
+        if rt.stopping.is_set():
+            return None
+        metrics = await asyncio.to_thread(policy.sft, batch, learning_rate=sft.learning_rate)
+        losses.append(metrics["loss"])
+        tokens += int(metrics["tokens"])
+    await asyncio.to_thread(policy.end_sft)
+    every = -(-len(losses) // MAX_REPORTED_LOSSES)
+    rt.log.info("warm start trained", run_id=run_id, steps=len(losses), loss_first=losses[0], loss_last=losses[-1])
+    return WarmStartReport(
+        demonstrations=len(demos.trajectories),
+        skipped=dict(demos.skipped),
+        steps=len(losses),
+        tokens=tokens,
+        losses=losses[::every],
+        loss_every=every,
+        seconds=time.perf_counter() - started,
+    )

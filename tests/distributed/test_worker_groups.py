@@ -59,11 +59,11 @@ class Tally:
 def test_ranks_keep_their_state_and_a_rank_that_dies_breaks_the_group(launcher: str) -> None:
     group = start_workers(Tally, args=(10,), world_size=2, launcher=launcher, timeout_s=120)
     try:
-        assert group.call("add", 1) == [23, 23]  # (10 + 0 + 1) + (10 + 1 + 1)
-        assert group.call_each("add", [(1,), (2,)]) == [26, 26]
+        assert group.call(Tally.add, 1) == [23, 23]  # (10 + 0 + 1) + (10 + 1 + 1)
+        assert group.call_each(Tally.add, [((1,), {}), ((2,), {})]) == [26, 26]
         with pytest.raises(WorkerGroupError, match="rank 1 failed"):
-            group.call("exit_if", 1)
+            group.call(Tally.exit_if, 1)
         with pytest.raises(WorkerGroupError, match="stopped"):
-            group.call("add", 1)
+            group.call(Tally.add, 1)
     finally:
         group.close()

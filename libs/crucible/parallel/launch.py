@@ -2,8 +2,10 @@
 
 `start_workers(factory, args=..., world_size=N)` starts N ranks with `torch.distributed` initialized
 (gloo on CPU, NCCL when every rank has a GPU); each rank builds `factory(*args)` once, and
-`group.call(method, *args)` then runs that method on every rank at once (`call_each` gives each rank
-its own arguments) and returns the results in rank order. Two launchers run the same ranks:
+`group.call(Rank.method, *args)` then runs that method on every rank at once (`call_each` gives each
+rank its own arguments) and returns the results in rank order. Methods are named by the class's own
+function (`PolicyRank.train`), which a reader and a type checker follow; the rank runs its object's
+method of that name, so a subclass's override is the one called. Two launchers run the same ranks:
 
 - `local`: processes forked from a server that has already imported torch (a start costs milliseconds);
 - `ray`: one actor per rank in a Ray placement group with one bundle per device, on the connected
@@ -26,7 +28,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Any, Concatenate, Generic, Literal, ParamSpec, TypeVar
 
 LOOPBACK = "127.0.0.1"
 PRELOAD = ("torch", "torch.distributed.fsdp", "crucible.parallel.train")
@@ -35,6 +37,19 @@ Launcher = Literal["local", "ray"]
 Poll = Callable[[set[int], float], dict[int, tuple[bool, Any]]]
 POLL_S = 0.2
 GRACE_S = 2.0  # after a rank's failure, how long its peers may take to report theirs
+
+
+T = TypeVar("T")
+R = TypeVar("R")
+P = ParamSpec("P")
+
+
+def method_name(method: Callable[..., Any]) -> str:
+    """The name a rank looks its method up by: `Rank.method` (a function defined in a class body)."""
+    name = getattr(method, "__name__", None)
+    if not isinstance(name, str) or "." not in getattr(method, "__qualname__", ""):
+        raise TypeError(f"a worker group calls a method of its ranks' class (Rank.method), not {method!r}")
+    return name
 
 
 class WorkerGroupError(RuntimeError):
@@ -80,19 +95,33 @@ def init_worker(
     dist.init_process_group(backend, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
 
 
-class WorkerGroup:
-    """The ranks of one group; use `start_workers` to make one."""
+class WorkerGroup(Generic[T]):
+    """The ranks of one group, each holding a T; use `start_workers` to make one."""
 
     world_size: int
     launcher: Launcher
     backend: str
+    timeout_s: float
+    broken: str | None
 
-    def call(self, method: str, *args: Any, timeout_s: float | None = None) -> list[Any]:
-        """`method(*args)` on every rank's object; the results in rank order."""
-        return self.call_each(method, [args] * self.world_size, timeout_s=timeout_s)
+    def call(self, method: Callable[Concatenate[T, P], R], *args: P.args, **kwargs: P.kwargs) -> list[R]:
+        """`method(*args, **kwargs)` on every rank's object; the results in rank order."""
+        return self.call_each(method, [(args, kwargs)] * self.world_size)
 
-    def call_each(self, method: str, per_rank: Sequence[tuple], *, timeout_s: float | None = None) -> list[Any]:
-        """`method(*per_rank[r])` on rank r's object, for every rank at once; the results in rank order."""
+    def call_each(
+        self, method: Callable[Concatenate[T, ...], R], per_rank: Sequence[tuple[tuple, dict[str, Any]]]
+    ) -> list[R]:
+        """`method(*args_r, **kwargs_r)` on rank r's object, for every rank at once (`per_rank[r]` is
+        `(args_r, kwargs_r)`); the results in rank order."""
+        name = method_name(method)
+        if self.broken:
+            raise WorkerGroupError(f"the worker group is stopped: {self.broken}")
+        if len(per_rank) != self.world_size:
+            raise ValueError(f"{len(per_rank)} argument tuples for {self.world_size} ranks")
+        return self._send(name, [(tuple(args), dict(kwargs)) for args, kwargs in per_rank])
+
+    def _send(self, name: str, per_rank: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
+        """Run the method called `name` on every rank with its arguments; the results in rank order."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -157,8 +186,8 @@ def _serve(
                 return
             if request is None:
                 return
-            method, call_args = request
-            conn.send((True, getattr(target, method)(*call_args)))
+            method, call_args, call_kwargs = request
+            conn.send((True, getattr(target, method)(*call_args, **call_kwargs)))
     except Exception:  # noqa: BLE001 - sent to the driver with its traceback
         # Stamped before the group is torn down, which makes the peers fail a moment later.
         try:
@@ -178,7 +207,7 @@ def _first_failure(failures: dict[int, tuple[float, str]]) -> WorkerGroupError:
     return WorkerGroupError(f"rank {rank} failed{also}:\n{failures[rank][1]}")
 
 
-class LocalWorkerGroup(WorkerGroup):
+class LocalWorkerGroup(WorkerGroup[T]):
     launcher: Launcher = "local"
 
     def __init__(
@@ -212,18 +241,14 @@ class LocalWorkerGroup(WorkerGroup):
             self.close()
             raise
 
-    def call_each(self, method: str, per_rank: Sequence[tuple], *, timeout_s: float | None = None) -> list[Any]:
-        if self.broken:
-            raise WorkerGroupError(f"the worker group is stopped: {self.broken}")
-        if len(per_rank) != self.world_size:
-            raise ValueError(f"{len(per_rank)} argument tuples for {self.world_size} ranks")
+    def _send(self, name: str, per_rank: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
         try:
-            for conn, args in zip(self.conns, per_rank):
-                conn.send((method, tuple(args)))
+            for conn, (args, kwargs) in zip(self.conns, per_rank):
+                conn.send((name, args, kwargs))
         except OSError as exc:
             self._break(f"a rank is gone: {exc!r}")
-            raise WorkerGroupError(f"{method}: a rank is gone ({exc!r})") from exc
-        return self._collect(timeout_s or self.timeout_s, what=method)
+            raise WorkerGroupError(f"{name}: a rank is gone ({exc!r})") from exc
+        return self._collect(self.timeout_s, what=name)
 
     def _collect(self, timeout_s: float, *, what: str) -> list[Any]:
         return self._gather(self._poll, timeout_s, what=what)
@@ -293,8 +318,8 @@ class _RayRank:
         )  # fmt: skip
         self.target = factory(*args)
 
-    def call(self, method: str, args: tuple) -> Any:
-        return getattr(self.target, method)(*args)
+    def call(self, method: str, args: tuple, kwargs: dict[str, Any]) -> Any:
+        return getattr(self.target, method)(*args, **kwargs)
 
 
 def start_local_ray(*, num_cpus: int, num_gpus: int = 0, object_store_mb: int = 100) -> None:
@@ -337,7 +362,7 @@ def connect_ray(address: str | None, *, world_size: int) -> bool:
     return True
 
 
-class RayWorkerGroup(WorkerGroup):
+class RayWorkerGroup(WorkerGroup[T]):
     launcher: Launcher = "ray"
 
     def __init__(
@@ -378,13 +403,9 @@ class RayWorkerGroup(WorkerGroup):
             self.close()
             raise
 
-    def call_each(self, method: str, per_rank: Sequence[tuple], *, timeout_s: float | None = None) -> list[Any]:
-        if self.broken:
-            raise WorkerGroupError(f"the worker group is stopped: {self.broken}")
-        if len(per_rank) != self.world_size:
-            raise ValueError(f"{len(per_rank)} argument tuples for {self.world_size} ranks")
-        refs = [actor.call.remote(method, tuple(args)) for actor, args in zip(self.actors, per_rank)]
-        return self._wait(refs, timeout_s or self.timeout_s, what=method)
+    def _send(self, name: str, per_rank: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
+        refs = [actor.call.remote(name, args, kwargs) for actor, (args, kwargs) in zip(self.actors, per_rank)]
+        return self._wait(refs, self.timeout_s, what=name)
 
     def _wait(self, refs: list[Any], timeout_s: float, *, what: str) -> list[Any]:
         """The results of one task per rank (`refs` in rank order)."""
@@ -428,7 +449,7 @@ class RayWorkerGroup(WorkerGroup):
 
 
 def start_workers(
-    factory: Callable[..., Any],
+    factory: Callable[..., T],
     *,
     world_size: int,
     args: tuple = (),
@@ -439,7 +460,7 @@ def start_workers(
     preload: Sequence[str] = (),
     ray_address: str | None = None,
     keep_ray: bool = False,
-) -> WorkerGroup:
+) -> WorkerGroup[T]:
     """Start `world_size` ranks that each build `factory(*args)` (importable by module and name, not a
     lambda or a local function). `timeout_s` bounds the start and every call (and the collectives).
 
@@ -487,7 +508,7 @@ def run_local(
     with start_workers(
         _Runner, world_size=world_size, backend=backend, timeout_s=timeout_s, threads_per_process=threads_per_process
     ) as group:
-        return group.call("run", fn, args)
+        return group.call(_Runner.run, fn, args)
 
 
 def run_ray(
@@ -506,4 +527,4 @@ def run_ray(
     """
     backend = None if use_gpu is None else _default_backend(use_gpu)
     with start_workers(_Runner, world_size=world_size, launcher="ray", backend=backend, timeout_s=timeout_s) as group:
-        return group.call("run", fn, args)
+        return group.call(_Runner.run, fn, args)

@@ -28,7 +28,7 @@ from crucible.runtime import running
 from services.checkpoints.app import setup as checkpoints_setup
 from services.checkpoints.settings import Settings as CheckpointsSettings
 from services.trainer.app import setup as trainer_setup
-from services.trainer.job import SavedState
+from services.trainer.state import SavedState
 from services.trainer.settings import Settings as TrainerSettings
 
 pytestmark = [pytest.mark.integration, pytest.mark.distributed, pytest.mark.slow]

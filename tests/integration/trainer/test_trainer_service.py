@@ -181,22 +181,22 @@ async def test_a_step_with_a_non_finite_reward_is_skipped_and_too_many_fail_the_
         store = rt.store
         await store.put_bytes(trainer_state_key(recovers, 1), b"torn")  # the newest save, step 1
         job = RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0))
-        await job._start_group()
+        policy = await job.start_group()
         try:
-            await job._resume()  # the state before it, its ranks' files verified and loaded
+            books = await job.resume()  # the state before it, its ranks' files verified and loaded
         finally:
-            job.policy.close()
-        assert (job.step, job.version) == (0, 0)
+            policy.close()
+        assert books is not None and (books.step, books.version) == (0, 0)
         kept = rt.store  # an S3 outage is not a torn state: never the older slot, since the newest may be there
         rt.store = ObjectStore.from_settings(rt.settings.model_copy(update={"s3_endpoint": "127.0.0.1:9"}))
         try:
             with pytest.raises(Unavailable):
-                await RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0))._resume()
+                await RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0)).resume()
         finally:
             rt.store = kept
         await store.put_bytes(trainer_state_key(recovers, 0), b"torn too")
         with pytest.raises(RunFailed, match="reads whole"):
-            await RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0))._resume()
+            await RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0)).resume()
     assert recovered.status == "finished" and recovered.step == 1
     assert isinstance(step, StepReport) and sorted(step.trajectory_ids) == ["good-0", "good-1"]
     assert step.metrics["skipped_steps"] == 1.0

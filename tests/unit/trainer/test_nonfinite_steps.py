@@ -57,7 +57,7 @@ def _step(policy: PolicyGroup, advantages: list[float]) -> dict:
     return policy.train([_trajectory(0), _trajectory(1)], advantages)
 
 
-def _probe(policy: PolicyGroup, method: str, *args):
+def _probe(policy: PolicyGroup, method, *args):
     return policy.workers.call(method, *args)[0]
 
 
@@ -74,12 +74,12 @@ def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
 
 
 def test_a_non_finite_loss_is_not_applied(trainer) -> None:
-    weights, steps = trainer.weights(), _probe(trainer, "optimizer_steps")
+    weights, steps = trainer.weights(), _probe(trainer, ProbedRank.optimizer_steps)
     with pytest.raises(NonFiniteStep) as raised:
         _step(trainer, [float("nan"), 1.0])
     assert raised.value.reason == "loss"
-    assert _same(trainer.weights(), weights) and _probe(trainer, "optimizer_steps") == steps
-    assert _probe(trainer, "router_load") == 0  # the load the skipped forward counted is forgotten
+    assert _same(trainer.weights(), weights) and _probe(trainer, ProbedRank.optimizer_steps) == steps
+    assert _probe(trainer, ProbedRank.router_load) == 0  # the load the skipped forward counted is forgotten
     # the next step is the one a group that never saw the skipped step takes
     twin = PolicyGroup(CONFIG, timeout_s=120)
     try:
@@ -90,14 +90,14 @@ def test_a_non_finite_loss_is_not_applied(trainer) -> None:
 
 
 def test_non_finite_gradients_are_not_applied(trainer) -> None:
-    weights, steps = trainer.weights(), _probe(trainer, "optimizer_steps")
-    _probe(trainer, "poison_gradients", True)
+    weights, steps = trainer.weights(), _probe(trainer, ProbedRank.optimizer_steps)
+    _probe(trainer, ProbedRank.poison_gradients, True)
     with pytest.raises(NonFiniteStep) as raised:
         _step(trainer, [1.0, -1.0])
-    _probe(trainer, "poison_gradients", False)
+    _probe(trainer, ProbedRank.poison_gradients, False)
     assert raised.value.reason == "gradients"
-    assert _same(trainer.weights(), weights) and _probe(trainer, "optimizer_steps") == steps
-    assert _probe(trainer, "gradients_cleared")
+    assert _same(trainer.weights(), weights) and _probe(trainer, ProbedRank.optimizer_steps) == steps
+    assert _probe(trainer, ProbedRank.gradients_cleared)
 
 
 def test_non_finite_behaviour_logprobs_are_refused() -> None:

@@ -78,7 +78,7 @@ def test_padded_batch_counts_exactly_the_real_positions_per_expert(replay):
 
     _reset(model)
     with torch.no_grad():
-        for seq, recorded in zip(sequences, routes):
+        for seq, recorded in zip(sequences, routes, strict=True):
             model(seq[None], routes=None if recorded is None else recorded[None])
     one_by_one = _loads(model)
 
@@ -88,7 +88,7 @@ def test_padded_batch_counts_exactly_the_real_positions_per_expert(replay):
     padded = _loads(model)
 
     k = PRESETS["tiny"].top_k
-    for layer, (expected, got) in enumerate(zip(one_by_one, padded)):
+    for layer, (expected, got) in enumerate(zip(one_by_one, padded, strict=True)):
         assert float(expected.sum()) == sum(LENGTHS) * k
         assert torch.equal(got, expected), (layer, got, expected)
 
@@ -106,12 +106,12 @@ def test_bias_step_after_a_padded_batch_equals_the_one_by_one_step():
     reference = build_model(PRESETS["tiny"], precision="fp32", seed=0).train()
     model.train()
     with torch.no_grad():
-        for seq, recorded in zip(sequences, routes):
+        for seq, recorded in zip(sequences, routes, strict=True):
             reference(seq[None], routes=recorded[None])
         model(batch.tokens_BT, routes=batch.routes_BTLk, valid_BT=batch.valid_BT)
     reference.update_router_biases()
     model.update_router_biases()
-    for ours, theirs in zip(model.moe_layers, reference.moe_layers):
+    for ours, theirs in zip(model.moe_layers, reference.moe_layers, strict=True):
         assert torch.equal(ours.router.expert_bias, theirs.router.expert_bias)
     assert any(moe.router.expert_bias.abs().sum() > 0 for moe in model.moe_layers)
 

@@ -1,0 +1,89 @@
+"""The step planner: which graded trajectories of a step's groups are trained, with which advantages.
+
+A pure function of the groups, the trainer's version and step, and the run config: no bus, no model, no
+clock. A trajectory whose oldest sampled token lags the trainer by more than `schedule.max_staleness`
+versions is dropped as stale; a group left with fewer than two members has no baseline and is dropped
+as alone; every other group gets the run's group-relative advantages. Rewards or advantages that are
+not finite make the step one to skip (`non_finite` names which), never one to train.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from crucible.contracts.messages import GradedTrajectory
+from crucible.contracts.runconfig import RunConfig
+from crucible.contracts.trajectories import arrays
+from crucible.rl.advantages import group_advantages
+from crucible.rl.staleness import staleness
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    kept: list[GradedTrajectory]  # in the order of their groups
+    advantages: list[float]  # one per kept trajectory
+    stale: list[str] = field(default_factory=list)  # trajectory ids dropped for staleness
+    alone: list[str] = field(default_factory=list)  # dropped: their group kept fewer than two
+    non_finite: str | None = None  # "rewards" or "advantages": the step must be skipped
+    metrics: dict[str, float] = field(default_factory=dict)  # the planned batch's, empty when none is kept
+
+
+def plan_step(
+    groups: Sequence[Sequence[GradedTrajectory]], *, version: int, step: int, config: RunConfig
+) -> StepPlan:
+    """Plan one optimizer step taken at trainer `version` after `step` steps."""
+    schedule, optim = config.schedule, config.optim
+    kept: list[GradedTrajectory] = []
+    advantages: list[float] = []
+    stale: list[str] = []
+    alone: list[str] = []
+    lags: list[int] = []
+    ages: list[int] = []
+    for group in groups:
+        members = []
+        for graded in group:
+            sampled = arrays(graded.trajectory).sampled_versions.tolist()
+            lag = staleness(trainer_version=version, token_versions=sampled)
+            if lag > schedule.max_staleness:
+                stale.append(graded.trajectory.trajectory_id)
+                continue
+            members.append(graded)
+            lags.append(lag)
+            # optimizer steps since the oldest sampled token's version was published
+            ages.append(step - min(sampled, default=version) * schedule.publish_every)
+        if len(members) < 2:  # a group-relative advantage needs a baseline to compare against
+            alone.extend(g.trajectory.trajectory_id for g in members)
+            lags, ages = lags[: len(lags) - len(members)], ages[: len(ages) - len(members)]
+            continue
+        rewards = torch.tensor([g.reward.total for g in members], dtype=torch.float64)
+        advantages.extend(
+            group_advantages(rewards, estimator=optim.advantage, std=optim.advantage_std, eps=optim.advantage_eps)
+            .tolist()
+        )
+        kept.extend(members)
+    if not kept:
+        return StepPlan(kept=[], advantages=[], stale=stale, alone=alone)
+    rewards_all = [g.reward.total for g in kept]
+    non_finite = None
+    if not all(map(math.isfinite, rewards_all)):
+        non_finite = "rewards"
+    elif not all(map(math.isfinite, advantages)):
+        non_finite = "advantages"
+    metrics = {
+        "reward_mean": sum(rewards_all) / len(kept),
+        "resolved_rate": sum(g.reward.resolved for g in kept) / len(kept),
+        "reward_max": max(rewards_all),
+        "staleness_mean": sum(lags) / len(lags),
+        "staleness_max": float(max(lags)),
+        "token_age_steps_max": float(max(ages)),
+        "trajectories": float(len(kept)),
+        "stale_dropped": float(len(stale)),
+        **{f"staleness_lag_{lag}": float(lags.count(lag)) for lag in range(max(lags) + 1)},
+    }
+    return StepPlan(
+        kept=kept, advantages=advantages, stale=stale, alone=alone, non_finite=non_finite, metrics=metrics
+    )
