@@ -84,9 +84,11 @@ def create_app(
     app = FastAPI(
         title="Crucible API",
         version=crucible.__version__,
-        description="Run history of Crucible: runs, steps, metrics, trajectories, checkpoints and evaluations.",
+        description=(
+            "Run history of Crucible: runs, steps, metrics, trajectories, checkpoints and evaluations."
+        ),
         responses={
-            400: {"description": "A body that does not parse, or a cursor this API did not hand out."},
+            400: {"description": "A body that does not parse."},
             413: {"description": "A request body over the api's `max_body_bytes`."},
         },
     )
@@ -156,7 +158,7 @@ async def setup(rt: Runtime[Settings]) -> None:
                 root=settings.tracking_dir,
                 mlflow_tracking_uri=settings.mlflow_tracking_uri,
                 wandb_mode=settings.wandb_mode,
-            ),  # fmt: skip
+            ),
         ),
         name="ingest",
     )
@@ -165,7 +167,7 @@ async def setup(rt: Runtime[Settings]) -> None:
             bus=rt.bus, store=rt.store, sessionmaker=sessionmaker, stop=rt.stopping,
             after_s=settings.release_objects_after_s, every_s=settings.cleanup_every_s,
             graded_durable=settings.graded_durable,
-        ),  # fmt: skip
+        ),
         name="cleanup",
     )
     app = create_app(settings=settings, sessionmaker=sessionmaker, bus=rt.bus)

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from crucible.bus import Bus
 from crucible.contracts.inputs import PRINTABLE
 from services.api.commands import ConfigCheck
+from services.api.pagination import NUMBER_CURSOR, NUMBER_CURSOR_CHARS, TIME_ID_CURSOR, TIME_ID_CURSOR_CHARS
 
 
 async def _session(request: Request) -> AsyncIterator[AsyncSession]:
@@ -30,14 +31,18 @@ SessionDep = Annotated[AsyncSession, Depends(_session)]
 BusDep = Annotated[Bus | None, Depends(_bus)]
 ConfigCheckDep = Annotated[ConfigCheck, Depends(_config_check)]
 LimitQuery = Annotated[int, Query(ge=1, le=500, description="Items per page.")]
-CursorQuery = Annotated[
-    str | None,
-    Query(
-        max_length=2000,
-        pattern=r"^[A-Za-z0-9_-]*$",
-        description="`next_cursor` of the previous page; omit for the first.",
-    ),
+_CURSOR = (
+    "`next_cursor` of the previous page; omit for the first. Any string of the pattern is a position in the"
+    " listing: one the api did not hand out is served from where it points."
+)
+TimeCursorQuery = Annotated[
+    str | None, Query(max_length=TIME_ID_CURSOR_CHARS, pattern=TIME_ID_CURSOR, description=_CURSOR)
 ]
+"""The cursor of a listing by (timestamp, id): runs, trajectories, evaluations."""
+NumberCursorQuery = Annotated[
+    str | None, Query(max_length=NUMBER_CURSOR_CHARS, pattern=NUMBER_CURSOR, description=_CURSOR)
+]
+"""The cursor of a listing by a number: steps, checkpoints."""
 IdPath = Annotated[str, Path(min_length=1, max_length=200, pattern=PRINTABLE)]
 """A run, trajectory or evaluation id in a path."""
 TextQuery = Annotated[str | None, Query(max_length=1000, pattern=PRINTABLE)]

@@ -1,56 +1,84 @@
 """Keyset (cursor) pagination: stable under inserts, and as fast on page 1000 as on page 1.
 
-A cursor is the sort key of the last row served, as base64url JSON; clients treat it as opaque. One
-that does not decode to values of the listing's key types (timestamps with their zone, integers within
-64 bits) is refused with a 400 before it reaches the database.
+A cursor is the sort key of the last row served, one part per key column joined by `.`: a timestamp as
+microseconds since the epoch, an integer in decimal, a string (an id) as unpadded base64url of its
+UTF-8. Clients treat it as opaque. Every string of a listing's cursor pattern (`TIME_ID_CURSOR` or
+`NUMBER_CURSOR`, which the OpenAPI document states) is a position in that listing, so any of them is
+served: one the api never handed out pages from wherever it points (an empty page past the end).
 """
 
 from __future__ import annotations
 
 import base64
-import binascii
-import json
+import re
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, or_
+from sqlalchemy import BigInteger, ColumnElement, Select, and_, or_
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import InstrumentedAttribute
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+MICROSECOND = timedelta(microseconds=1)
+MAX_ID_CHARS = 128
+"""The widest id column a listing sorts by (trajectory ids); UTF-8 takes at most 4 bytes a character."""
+_B64 = "[A-Za-z0-9_-]"
+_ID_GROUPS = -(-4 * MAX_ID_CHARS // 3)  # base64 quads (3 bytes each) of the longest id
+_TIME = "-?[0-9]{1,17}"  # microseconds; 17 digits reach year 5138
+_ID = f"(?:{_B64}{{4}}){{0,{_ID_GROUPS}}}(?:{_B64}{{2,3}})?"  # unpadded: never 1 mod 4 characters
+_NUMBER = "-?[0-9]{1,19}"
+
+TIME_ID_CURSOR = f"^{_TIME}\\.{_ID}$"
+"""The cursor of a listing sorted by (timestamp, id): runs, trajectories, evaluations."""
+TIME_ID_CURSOR_CHARS = 1 + 17 + 1 + 4 * _ID_GROUPS + 3
+NUMBER_CURSOR = f"^{_NUMBER}$"
+"""The cursor of a listing sorted by one integer: steps, checkpoints."""
+NUMBER_CURSOR_CHARS = 1 + 19
+
 
 class InvalidCursor(ValueError):
-    """A cursor this API did not hand out (or one for a different listing)."""
+    """A string that is not a cursor of the listing: not of its pattern (the routes refuse those first)."""
 
 
 def encode_cursor(values: Sequence[Any]) -> str:
-    plain = [v.isoformat() if isinstance(v, datetime) else v for v in values]
-    return base64.urlsafe_b64encode(json.dumps(plain).encode()).decode().rstrip("=")
+    parts = []
+    for value in values:
+        if isinstance(value, datetime):
+            parts.append(str((value - EPOCH) // MICROSECOND))
+        elif isinstance(value, str):
+            parts.append(base64.urlsafe_b64encode(value.encode()).decode().rstrip("="))
+        else:
+            parts.append(str(int(value)))
+    return ".".join(parts)
+
+
+def cursor_pattern(keys: Sequence[InstrumentedAttribute[Any]]) -> str:
+    """The pattern of the cursors of a listing sorted by `keys`."""
+    part = {datetime: _TIME, str: _ID, int: _NUMBER}
+    return "^" + "\\.".join(part[key.type.python_type] for key in keys) + "$"
 
 
 def decode_cursor(cursor: str, keys: Sequence[InstrumentedAttribute[Any]]) -> list[Any]:
-    try:
-        raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError) as exc:
-        raise InvalidCursor("invalid cursor: not one this API returned") from exc
-    if not isinstance(raw, list) or len(raw) != len(keys):
-        raise InvalidCursor("invalid cursor: not one this API returned for this listing")
-    values = []
-    for key, value in zip(keys, raw, strict=True):
+    """The position a cursor of `cursor_pattern(keys)` names; total on that pattern. A timestamp or an
+    integer beyond its column's range becomes the range's end (a position before or after every row)."""
+    if not re.fullmatch(cursor_pattern(keys)[1:-1], cursor):
+        raise InvalidCursor("invalid cursor: not one of this listing")
+    values: list[Any] = []
+    for key, part in zip(keys, cursor.split("."), strict=True):
         expected = key.type.python_type
-        try:
-            if expected is datetime:
-                value = datetime.fromisoformat(value)
-                if value.tzinfo is None:
-                    raise ValueError("a naive timestamp")
-                value = value.astimezone(UTC)
-            elif type(value) is not expected:
-                raise TypeError(value)
-            elif expected is int and not -(2**63) <= value < 2**63:
-                raise ValueError("an integer beyond 64 bits")
-        except (TypeError, ValueError, OverflowError) as exc:
-            raise InvalidCursor("invalid cursor: not one this API returned for this listing") from exc
-        values.append(value)
+        if expected is datetime:
+            micros = int(part)
+            try:
+                values.append(EPOCH + micros * MICROSECOND)
+            except OverflowError:
+                values.append((datetime.max if micros > 0 else datetime.min).replace(tzinfo=UTC))
+        elif expected is str:
+            raw = base64.urlsafe_b64decode(part + "=" * (-len(part) % 4))
+            values.append(raw.decode(errors="replace").replace("\x00", ""))  # PostgreSQL text holds no NUL
+        else:
+            bound = 2**63 if isinstance(key.type, BigInteger) else 2**31
+            values.append(min(max(int(part), -bound), bound - 1))
     return values
 
 

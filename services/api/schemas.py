@@ -7,7 +7,7 @@ from typing import Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from crucible.contracts.inputs import PRINTABLE, Input
+from crucible.contracts.inputs import NONBLANK, Input
 from crucible.contracts.runconfig import RunConfig
 
 MAX_VERSION = 2**31 - 1
@@ -19,7 +19,7 @@ T = TypeVar("T")
 class RunCreate(Input):
     model_config = ConfigDict(str_strip_whitespace=True)
 
-    name: str = Field(min_length=1, max_length=200, pattern=PRINTABLE)
+    name: str = Field(min_length=1, max_length=200, pattern=NONBLANK)
     config: RunConfig = Field(default_factory=RunConfig)
 
 
@@ -168,7 +168,7 @@ class EvalCreate(Input):
 
     model_config = ConfigDict(str_strip_whitespace=True)
 
-    run_id: str = Field(min_length=1, max_length=64, pattern=PRINTABLE)
+    run_id: str = Field(min_length=1, max_length=64, pattern=NONBLANK)
     version: int | None = Field(
         default=None, ge=0, le=MAX_VERSION, description="Default: the run's latest published version."
     )
@@ -225,7 +225,7 @@ class KeyCreate(Input):
         description="read: every GET; write: also start and cancel runs and request evaluations; admin: "
         "also manage keys."
     )
-    name: str = Field(min_length=1, max_length=200, pattern=PRINTABLE, description="Who or what holds it.")
+    name: str = Field(min_length=1, max_length=200, pattern=NONBLANK, description="Who or what holds it.")
 
 
 class KeyOut(BaseModel):

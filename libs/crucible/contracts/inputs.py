@@ -14,7 +14,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator
 
 PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
-"""Text without control characters: what a name, id or path is, and what PostgreSQL stores (it refuses NUL)."""
+"""Text without control characters: what a name, id or path is, and what PostgreSQL stores (it refuses
+NUL)."""
+NONBLANK = r"^[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f][^\x00-\x1f\x7f]*$"
+"""PRINTABLE text with more than whitespace: what a field whose whitespace is stripped must be for its
+stripped text to be PRINTABLE and not empty (the schema sees the text before it is stripped)."""
 
 
 def _kinds(annotation: Any) -> set[type]:

@@ -14,6 +14,7 @@ a message that names each field's new place.
 
 from __future__ import annotations
 
+import re
 import tomllib
 from typing import Annotated, Any, Literal
 
@@ -31,15 +32,41 @@ class Section(Input):
     model_config = ConfigDict(frozen=True, use_attribute_docstrings=True)
 
 
+def any_of(*branches: dict[str, Any]) -> dict[str, Any]:
+    """JSON Schema of a rule across fields: one of `branches` holds. A branch that constrains a field only
+    where it is present also holds where it is left out, so it is written for the field's default."""
+    return {"anyOf": list(branches)}
+
+
+def _literal(name: str) -> str:
+    return re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\1", name)
+
+
+_PACKAGE_SOURCES = PACKAGE_PREFIX + "(?:" + "|".join(map(_literal, PACKAGES)) + ")"
+_PATH_SOURCES = r"/[^\x00-\x1f\x7f]*"
+SOURCE_PATTERN = f"^(?:{'|'.join(map(_literal, PRESETS))}|{_PACKAGE_SOURCES}|{_PATH_SOURCES})$"
+"""What `model.source` may be, as the JSON schema states it: a preset, package:NAME, or an absolute path."""
+OWN_TEMPLATE_SOURCE = f"^(?:{_PACKAGE_SOURCES}|{_PATH_SOURCES})$"
+"""A `model.source` with its own chat template: not a preset."""
+
+
 class TasksSection(Section):
     taskset: str = Field(default="pybugs", min_length=1, max_length=100, pattern=r"^[A-Za-z0-9_-]+$")
     """The catalog's task set whose train split episodes are sampled from."""
-    difficulties: list[Annotated[int, Field(ge=0, le=100)]] = Field(default=[1, 2], min_length=1, max_length=100)
+    difficulties: list[Annotated[int, Field(ge=0, le=100)]] = Field(
+        default=[1, 2], min_length=1, max_length=100
+    )
     """Difficulty levels to sample, uniformly."""
 
 
 class ModelSection(Section):
-    source: str = Field(default="tiny", min_length=1, max_length=1000, pattern=PRINTABLE)
+    source: str = Field(
+        default="tiny",
+        min_length=1,
+        max_length=1000,
+        pattern=PRINTABLE,
+        json_schema_extra={"pattern": SOURCE_PATTERN},  # what _known_source keeps, as the schema says it
+    )
     """The starting weights: a Crucible preset (randomly initialised from `seed`, the byte-level agent),
     package:NAME, or the absolute path of a Hugging Face directory or a .gguf file on the trainer's and
     rollouts' machines (the model's own tokenizer, chat template and tool-call format)."""
@@ -64,6 +91,13 @@ class ModelSection(Section):
 
 
 class AgentSection(Section):
+    model_config = ConfigDict(
+        json_schema_extra=any_of(
+            {"properties": {"driver": {"const": "builtin"}}},
+            {"properties": {"context_policy": {"const": "stop"}}},
+        )
+    )
+
     max_turns: int = Field(default=3, ge=1, le=256)
     """Tool calls an episode may make before it ends."""
     max_action_tokens: int = Field(default=40, ge=1, le=4096)
@@ -88,6 +122,13 @@ class AgentSection(Section):
 
 class OptimSection(Section):
     """The RL algorithm: advantages, policy loss, rollout correction, regularisers (see crucible.rl)."""
+
+    model_config = ConfigDict(
+        json_schema_extra=any_of(
+            {"properties": {"correction": {"const": "none"}}},
+            {"properties": {"loss": {"const": "decoupled"}}, "required": ["loss"]},
+        )
+    )
 
     learning_rate: float = Field(default=1e-3, gt=0, le=1)
     """AdamW learning rate."""
@@ -168,7 +209,8 @@ class ParallelSection(Section):
     """How the trainer lays the policy's optimisation over ranks (crucible.parallel): `world_size` ranks,
     data-parallel `dp_replicate` x `dp_shard` (HSDP: weights sharded over `dp_shard`, replicated over
     `dp_replicate`), expert groups of `ep` ranks cut out of them. World size 1 is the same code on a mesh
-    of one rank."""
+    of one rank. dp_replicate x dp_shard must be world_size and ep must divide it: JSON Schema cannot
+    state a product, so the API refuses a layout that breaks this with a 422 naming `parallel`."""
 
     world_size: int = Field(default=1, ge=1, le=4096)
     """Ranks of the run's worker group: one device (or, on CPU, one process) each."""
@@ -196,7 +238,8 @@ class ParallelSection(Section):
     def _shape(self) -> ParallelSection:
         if self.replicate * self.shard != self.world_size:
             raise ValueError(
-                f"dp_replicate x dp_shard = {self.replicate} x {self.shard} must equal world_size = {self.world_size}"
+                f"dp_replicate x dp_shard = {self.replicate} x {self.shard} must equal"
+                f" world_size = {self.world_size}"
             )
         if self.world_size % self.ep:
             raise ValueError(f"ep = {self.ep} must divide world_size = {self.world_size}")
@@ -228,6 +271,14 @@ class SftSection(Section):
     task set's train split, and any imported conversations, played as episodes in the run's agent format
     and trained with the RL loss's model and precision, on the policy's tokens only. The result is the
     run's version 0, from which RL starts; a run with `schedule.max_steps = 0` is SFT alone."""
+
+    model_config = ConfigDict(
+        json_schema_extra=any_of(
+            {"properties": {"steps": {"maximum": 0}}},
+            {"properties": {"tasks": {"minimum": 1}}},
+            {"properties": {"imported": {"type": "string"}}, "required": ["imported"]},
+        )
+    )
 
     steps: int = Field(default=0, ge=0, le=100_000)
     """Optimizer steps of the warm start; 0: none."""
@@ -263,6 +314,26 @@ class EvalSection(Section):
 class RunConfig(Section):
     """Everything that defines a run."""
 
+    # _something_to_train's rules across sections, as JSON Schema (the OpenAPI document's run config)
+    model_config = ConfigDict(
+        json_schema_extra={
+            "allOf": [
+                any_of(
+                    {"properties": {"schedule": {"properties": {"max_steps": {"minimum": 1}}}}},
+                    {"properties": {"sft": {"properties": {"steps": {"minimum": 1}},
+                                            "required": ["steps"]}},
+                     "required": ["sft"]},
+                ),
+                any_of(
+                    {"properties": {"agent": {"properties": {"driver": {"const": "builtin"}}}}},
+                    {"properties": {"model": {"properties": {"source": {"pattern": OWN_TEMPLATE_SOURCE}},
+                                              "required": ["source"]}},
+                     "required": ["model"]},
+                ),
+            ]
+        }
+    )  # fmt: skip
+
     seed: int = Field(default=0, ge=0, lt=2**32)
     """Seed of the model's initialisation, task sampling and the episodes' sampling."""
     tasks: TasksSection = Field(default_factory=TasksSection)
@@ -290,7 +361,9 @@ class RunConfig(Section):
                 f"{self.model.source!r} speaks the byte-level format"
             )
         if self.agent.driver == "harness" and self.agent.context_policy == "summarize":
-            raise ValueError("agent.context_policy = 'summarize' is the builtin loop's; a harness keeps its own context")
+            raise ValueError(
+                "agent.context_policy = 'summarize' is the builtin loop's; a harness keeps its own context"
+            )
         return self
 
     @model_validator(mode="before")

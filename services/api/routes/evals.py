@@ -5,7 +5,7 @@ from fastapi import APIRouter
 from services.api import queries
 from services.api.auth import WRITE, WRITE_RESPONSES
 from services.api.commands import create_eval
-from services.api.deps import BusDep, CursorQuery, IdPath, LimitQuery, SessionDep
+from services.api.deps import BusDep, IdPath, LimitQuery, SessionDep, TimeCursorQuery
 from services.api.schemas import EvalCreate, EvalOut, Page
 
 router = APIRouter(tags=["evaluations"])
@@ -33,7 +33,7 @@ async def get_eval(eval_id: IdPath, session: SessionDep) -> EvalOut:
 
 @router.get("/v1/runs/{run_id}/evals", responses={404: {"description": "No run with this id."}})
 async def get_run_evals(
-    run_id: IdPath, session: SessionDep, limit: LimitQuery = 100, cursor: CursorQuery = None
+    run_id: IdPath, session: SessionDep, limit: LimitQuery = 100, cursor: TimeCursorQuery = None
 ) -> Page[EvalOut]:
     """The run's evaluations, oldest first."""
     return await queries.list_evals(session=session, run_id=run_id, limit=limit, cursor=cursor)

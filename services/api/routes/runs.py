@@ -9,18 +9,34 @@ from crucible.contracts.inputs import PRINTABLE
 from services.api import queries
 from services.api.auth import WRITE, WRITE_RESPONSES
 from services.api.commands import cancel_run, create_run
-from services.api.deps import BusDep, ConfigCheckDep, CursorQuery, IdPath, LimitQuery, SessionDep
+from services.api.deps import (
+    BusDep,
+    ConfigCheckDep,
+    IdPath,
+    LimitQuery,
+    NumberCursorQuery,
+    SessionDep,
+    TimeCursorQuery,
+)
 from services.api.schemas import CheckpointOut, MetricsOut, Page, RunCreate, RunOut, StepOut
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 NOT_FOUND = {404: {"description": "No run with this id."}}
+REFUSED_CONFIG = {
+    422: {
+        "description": "A body the schema refuses; a `parallel` layout whose dp_replicate x dp_shard is not"
+        " world_size or whose ep does not divide it (the one rule of the run config that JSON Schema cannot"
+        " state); or a config the catalog or a sandbox cannot serve (`unservable`, naming the field).",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/HTTPValidationError"}}},
+    }
+}
 
 
 @router.post(
     "",
     status_code=201,
     dependencies=[WRITE],
-    responses={**WRITE_RESPONSES, 503: {"description": "The bus is unavailable."}},
+    responses={**WRITE_RESPONSES, **REFUSED_CONFIG, 503: {"description": "The bus is unavailable."}},
 )
 async def post_run(body: RunCreate, session: SessionDep, bus: BusDep, check: ConfigCheckDep) -> RunOut:
     """Create a run and announce it to the trainer; a config the catalog cannot serve is a 422."""
@@ -30,7 +46,12 @@ async def post_run(body: RunCreate, session: SessionDep, bus: BusDep, check: Con
 @router.post(
     "/{run_id}/cancel",
     dependencies=[WRITE],
-    responses={**WRITE_RESPONSES, **NOT_FOUND, 409: {"description": "The run has already ended."}, 503: {"description": "The bus is unavailable."}},
+    responses={
+        **WRITE_RESPONSES,
+        **NOT_FOUND,
+        409: {"description": "The run has already ended."},
+        503: {"description": "The bus is unavailable."},
+    },
 )
 async def post_cancel(run_id: IdPath, session: SessionDep, bus: BusDep) -> RunOut:
     """End a run now: the rollouts stop admitting its groups, its trainer stops (what it trained stays
@@ -42,7 +63,7 @@ async def post_cancel(run_id: IdPath, session: SessionDep, bus: BusDep) -> RunOu
 async def get_runs(
     session: SessionDep,
     limit: LimitQuery = 50,
-    cursor: CursorQuery = None,
+    cursor: TimeCursorQuery = None,
     status: Literal["created", "running", "finished", "failed", "cancelled"] | None = None,
 ) -> Page[RunOut]:
     """Runs, newest first."""
@@ -56,7 +77,7 @@ async def get_run(run_id: IdPath, session: SessionDep) -> RunOut:
 
 @router.get("/{run_id}/steps", responses=NOT_FOUND)
 async def get_steps(
-    run_id: IdPath, session: SessionDep, limit: LimitQuery = 100, cursor: CursorQuery = None
+    run_id: IdPath, session: SessionDep, limit: LimitQuery = 100, cursor: NumberCursorQuery = None
 ) -> Page[StepOut]:
     """Optimizer steps in order, with their metrics and the trajectories each trained on."""
     return await queries.list_steps(session=session, run_id=run_id, limit=limit, cursor=cursor)
@@ -77,7 +98,7 @@ async def get_metrics(
 
 @router.get("/{run_id}/checkpoints", responses=NOT_FOUND)
 async def get_checkpoints(
-    run_id: IdPath, session: SessionDep, limit: LimitQuery = 100, cursor: CursorQuery = None
+    run_id: IdPath, session: SessionDep, limit: LimitQuery = 100, cursor: NumberCursorQuery = None
 ) -> Page[CheckpointOut]:
     """Published weight versions, oldest first."""
     return await queries.list_checkpoints(session=session, run_id=run_id, limit=limit, cursor=cursor)

@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from services.api import queries
-from services.api.deps import CursorQuery, IdPath, LimitQuery, SessionDep, TextQuery
+from services.api.deps import IdPath, LimitQuery, SessionDep, TextQuery, TimeCursorQuery
 from services.api.schemas import MAX_VERSION, Page, TrajectoryDetail, TrajectorySummary
 
 router = APIRouter(prefix="/v1", tags=["trajectories"])
@@ -16,7 +16,7 @@ async def get_trajectories(
     run_id: IdPath,
     session: SessionDep,
     limit: LimitQuery = 50,
-    cursor: CursorQuery = None,
+    cursor: TimeCursorQuery = None,
     min_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     max_reward: Annotated[float | None, Query(allow_inf_nan=False)] = None,
     task_id: TextQuery = None,
@@ -24,7 +24,9 @@ async def get_trajectories(
         int | None, Query(ge=0, le=MAX_VERSION, description="Has agent tokens from this policy version.")
     ] = None,
     finish_reason: TextQuery = None,
-    eval_id: Annotated[TextQuery, Query(description="This evaluation's episodes instead of the run's training ones.")] = None,
+    eval_id: Annotated[
+        TextQuery, Query(description="This evaluation's episodes instead of the run's training ones.")
+    ] = None,
     resolved: bool | None = None,
 ) -> Page[TrajectorySummary]:
     """A run's graded training trajectories (or one evaluation's episodes), newest first."""

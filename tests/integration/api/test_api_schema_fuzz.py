@@ -27,6 +27,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 EXAMPLES = int(os.environ.get("CRUCIBLE_FUZZ_EXAMPLES", "25"))
 """Generated cases per operation and phase; set it higher for a longer hunt."""
 CONFIG = Path(__file__).with_name("schemathesis.toml")
+HOOKS = Path(__file__).with_name("schemathesis_hooks.py")
+WRITE_RATE = 50
+"""The api's write rate per key (and its burst), which the fuzzer keeps to (`--rate-limit`)."""
 
 
 async def _seed(
@@ -58,8 +61,8 @@ async def test_schemathesis_finds_no_failure(
     suffix = uuid.uuid4().hex[:8]
     durables = {"graded_durable": f"api-graded-{suffix}", "events_durable": f"api-events-{suffix}"}
     settings = common_settings(
-        Settings, database_url=database_url, api_port=port, write_rate_per_s=1000.0, write_burst=10_000,
-        **durables,
+        Settings, database_url=database_url, api_port=port,
+        write_rate_per_s=WRITE_RATE, write_burst=WRITE_RATE, **durables,
     )  # fmt: skip
     log = tmp_path / "api.log"
     base = f"http://127.0.0.1:{port}"
@@ -73,10 +76,11 @@ async def test_schemathesis_finds_no_failure(
             sys.executable, "-m", "schemathesis.cli", "--config-file", str(CONFIG), "--no-color",
             "run", f"{base}/openapi.json", "--checks", "all",
             "--header", f"Authorization: {headers['Authorization']}",
-            "--max-examples", str(EXAMPLES), "--seed", "20261203",
+            "--max-examples", str(EXAMPLES), "--seed", "20261203", "--rate-limit", f"{WRITE_RATE}/s",
             "--workers", "1",  # hypothesis parses lambdas with ast, which races across threads on Python 3.11
             "--generation-database", "none", "--request-timeout", "30",
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=tmp_path,  # its crash cache stays there
+            env={**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)},
         )  # fmt: skip
         output, _ = await asyncio.wait_for(fuzz.communicate(), timeout=900)
         text = output.decode(errors="replace")

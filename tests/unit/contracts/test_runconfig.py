@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
+import jsonschema
 import msgspec
 import pytest
 from pydantic import ValidationError
@@ -11,6 +13,8 @@ from pydantic import ValidationError
 from crucible.contracts import ContractError, decode, encode
 from crucible.contracts.messages import RunCreated
 from crucible.contracts.runconfig import MOVED, RunConfig, apply_override
+
+SMOL = "package:smollm2-135m-instruct"
 
 
 @pytest.mark.parametrize(
@@ -38,9 +42,12 @@ from crucible.contracts.runconfig import MOVED, RunConfig, apply_override
         ({"model": {"source": "tiny\x00"}}, "should match pattern"),
         # a parallel layout that does not fit its ranks
         ({"parallel": {"world_size": 4, "ep": 3}}, "ep = 3 must divide world_size = 4"),
-        ({"parallel": {"world_size": 4, "dp_shard": 3}}, "dp_replicate x dp_shard = 1 x 3 must equal world_size = 4"),
+        ({"parallel": {"world_size": 4, "dp_shard": 3}}, "dp_replicate x dp_shard = 1 x 3 must equal world_"),
         ({"parallel": {"launcher": "slurm"}}, "'local' or 'ray'"),
-        ({"agent": {"driver": "harness", "context_policy": "summarize"}, "model": {"source": "package:smollm2-135m-instruct"}}, "builtin loop"),
+        (
+            {"agent": {"driver": "harness", "context_policy": "summarize"}, "model": {"source": SMOL}},
+            "builtin loop",
+        ),
     ],
 )
 def test_bad_configs_are_refused_naming_the_field(config: dict, message: str) -> None:
@@ -113,3 +120,59 @@ def test_the_config_travels_on_the_bus_and_is_validated_on_arrival() -> None:
     )  # fmt: skip
     with pytest.raises(ContractError, match="greater than or equal to 1"):
         decode(forged, RunCreated)
+
+
+def _valid(config: dict) -> bool:
+    try:
+        RunConfig.model_validate(config)
+    except ValidationError:
+        return False
+    return True
+
+
+AGREEMENT_CASES = [
+    {"optim": {"correction": correction, "loss": loss}}
+    for correction, loss in itertools.product(["none", "tis", "mis"], ["ppo", "cispo", "decoupled"])
+] + [{"optim": {"correction": "tis"}}, {"optim": {"loss": "ppo"}}, {"optim": {}}] + [
+    {"agent": agent, "model": model}
+    for agent in [
+        {}, {"driver": "builtin"}, {"driver": "harness"}, {"context_policy": "summarize"},
+        {"driver": "harness", "context_policy": "summarize"}, {"driver": "harness", "context_policy": "stop"},
+    ]
+    for model in [{}, {"source": "tiny"}, {"source": "small"}, {"source": SMOL}, {"source": "/models/x.gguf"}]
+] + [
+    {"schedule": schedule, "sft": sft}
+    for schedule in [{}, {"max_steps": 0}, {"max_steps": 3}]
+    for sft in [
+        {}, {"steps": 0}, {"steps": 2}, {"steps": 2, "tasks": 0}, {"tasks": 0},
+        {"steps": 2, "tasks": 0, "imported": "demos/a.jsonl"}, {"steps": 2, "imported": None, "tasks": 0},
+    ]
+] + [
+    {"model": {"source": source}}
+    for source in [
+        "tiny", "huge", "package:nope", SMOL, "relative/path", "/", "/abs path", "tiny ", "package:",
+    ]
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("config", AGREEMENT_CASES)
+def test_the_json_schema_states_the_rules_across_fields(config: dict) -> None:
+    """The schema the OpenAPI document carries accepts a config exactly when the model does, so a client
+    (or schemathesis) that keeps to it is never refused; only `parallel`'s arithmetic is beyond it."""
+    schema_says = jsonschema.Draft202012Validator(RunConfig.model_json_schema()).is_valid(config)
+    assert schema_says == _valid(config), config
+
+
+@pytest.mark.parametrize(
+    "parallel",
+    [
+        {"world_size": 4, "ep": 3},
+        {"world_size": 6, "dp_shard": 4},
+        {"world_size": 2, "dp_replicate": 2, "dp_shard": 2},
+    ],
+)
+def test_only_the_parallel_arithmetic_is_beyond_the_schema(parallel: dict) -> None:
+    schema = RunConfig.model_json_schema()
+    assert jsonschema.Draft202012Validator(schema).is_valid({"parallel": parallel})
+    assert not _valid({"parallel": parallel})
+    assert "dp_replicate x dp_shard must be world_size" in schema["$defs"]["ParallelSection"]["description"]
