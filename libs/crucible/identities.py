@@ -56,7 +56,8 @@ def public_key(seed_path: Path) -> str:
     """The public key (U...) of the user seed in `seed_path`; a clear error for anything else."""
     try:
         pair = nkeys.from_seed(bytearray(seed_path.read_bytes().strip()))
-        key = pair.public_key.decode()
+        # nkeys is untyped: public_key is bytes, but inference also sees the VerifyKey it is derived from
+        key = pair.public_key.decode()  # pyright: ignore[reportAttributeAccessIssue]
     except (OSError, nkeys.ErrInvalidSeed, ValueError) as exc:
         raise ValueError(f"{seed_path} holds no NKey user seed: {type(exc).__name__}") from None
     if not key.startswith("U"):

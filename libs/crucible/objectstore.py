@@ -15,7 +15,7 @@ import asyncio
 import hashlib
 import io
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import urllib3
 from minio import Minio
@@ -57,7 +57,7 @@ class ObjectStore:
 
     @classmethod
     def from_settings(cls, settings: CommonSettings) -> ObjectStore:
-        verify = {"cert_reqs": "CERT_REQUIRED", "ca_certs": str(settings.s3_ca_file)} if settings.s3_ca_file else {}
+        verify: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED", "ca_certs": str(settings.s3_ca_file)} if settings.s3_ca_file else {}
         http = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=5, read=60),
             maxsize=16,
@@ -194,6 +194,7 @@ class ObjectStore:
 
     async def list(self, prefix: str) -> list[str]:
         def run() -> list[str]:
-            return [o.object_name for o in self.client.list_objects(self.bucket, prefix=prefix, recursive=True)]
+            listed = self.client.list_objects(self.bucket, prefix=prefix, recursive=True)
+            return [o.object_name for o in listed if o.object_name is not None]  # always set in a listing
 
         return await self._run(run)

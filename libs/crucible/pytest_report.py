@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 COMMAND = ("python", "-m", "pytest")
@@ -90,7 +91,7 @@ def _plain(value: object, depth: int = 0) -> bool:
 def _probe_outcome(call) -> dict[str, str]:
     try:
         value = call()
-    except Exception as exc:  # noqa: BLE001 - what the call raises is the outcome
+    except Exception as exc:  # what the call raises is the outcome
         kind = type(exc)
         module = getattr(kind, "__module__", "")
         return {"raised": kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"}
@@ -142,7 +143,7 @@ def is_test_path(path: str) -> bool:
     )
 
 
-def split_command(command: list[str] | tuple[str, ...]) -> list[str]:
+def split_command(command: Sequence[str]) -> list[str]:
     """pytest's arguments in a task's test command; ValueError if it is not `python -m pytest ...`.
     (No `pytest_` prefix on this module's own functions: pytest would take them for hooks.)"""
     if tuple(command[: len(COMMAND)]) != COMMAND:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from random import Random
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.bus import RequestError
@@ -56,9 +57,9 @@ async def upsert_tasks(*, session: AsyncSession, rows: Sequence[dict[str, Any]])
         await session.execute(statement)
 
 
-async def delete_tasks_except(*, session: AsyncSession, taskset: str, keep: set[str]) -> int:
+async def delete_tasks_except(*, session: AsyncSession, taskset: str, keep: Collection[str]) -> int:
     result = await session.execute(delete(Task).where(Task.taskset == taskset, Task.task_id.not_in(keep)))
-    return result.rowcount
+    return cast(CursorResult[Any], result).rowcount  # a DML statement's result is a CursorResult
 
 
 async def sample_tasks(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence, Set
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -82,7 +82,7 @@ async def store_tasks(
     store: ObjectStore,
     sessionmaker: async_sessionmaker[AsyncSession],
     replace: str | None = None,
-    keep: set[str] = frozenset(),
+    keep: Set[str] = frozenset(),
     upload: bool = True,
 ) -> int:
     """Upload the records' archives (unless already there: `upload=False`), then index them in one

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import re
 import textwrap
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from crucible.probes import wants_approx
@@ -23,7 +23,7 @@ class Case:
 
 
 def module_source(
-    *, doc: str, stdlib: Sequence[str], imports: Mapping[str, Sequence[str]], bodies: Sequence[str]
+    *, doc: str, stdlib: Sequence[str], imports: Mapping[str, Iterable[str]], bodies: Sequence[str]
 ) -> str:
     """A module: docstring, stdlib imports, relative imports from sibling modules, then the bodies."""
     head = [f'"""{doc}"""', ""]

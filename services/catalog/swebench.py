@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-from unidiff import PatchSet
+from unidiff.patch import PatchSet
 
 from crucible import pytest_report
 from services.catalog.generator import TEST_COMMAND
@@ -156,7 +156,7 @@ def hidden_files(snapshot: dict[str, bytes], test_patch: str) -> dict[str, bytes
     """The files the test patch leaves behind, after applying it to the snapshot."""
     try:
         touched = PatchSet(test_patch)
-    except Exception as exc:  # noqa: BLE001 - unidiff raises several types
+    except Exception as exc:  # unidiff raises several types
         raise Rejected(f"test_patch does not parse: {exc}") from None
     if any(f.is_removed_file for f in touched):
         raise Rejected("test_patch deletes files; hidden tests can only add or change files")

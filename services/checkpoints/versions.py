@@ -54,6 +54,7 @@ async def commit(*, bus: Bus, store: ObjectStore, manifest: WeightsManifest, chu
 
 async def _check_base(*, store: ObjectStore, manifest: WeightsManifest) -> None:
     """A delta is committed only while its base is there to apply it to (retention keeps it from then on)."""
+    assert manifest.base_version is not None  # check_kind: a delta names its base
     try:
         base = await read_manifest(
             store=store, ref=store.uri(manifest_key(manifest.run_id, manifest.base_version))
@@ -82,21 +83,14 @@ async def _stored_if_same(*, store: ObjectStore, manifest: WeightsManifest, key:
 async def _recommit(
     *, store: ObjectStore, manifest: WeightsManifest, key: str, latest: WeightsAnnounced
 ) -> ObjectRef:
-    try:
-        data = await store.get_bytes(store.uri(key))
-    except ObjectNotFound:
-        data = None
-    try:
-        stored = decode(data, WeightsManifest) if data is not None else None
-    except ContractError:
-        stored = None
-    if stored is None or not same_weights(stored, manifest):
+    ref = await _stored_if_same(store=store, manifest=manifest, key=key)
+    if ref is None:
         raise RequestError(
             "bad_version",
             f"run {manifest.run_id} has announced version {latest.version}; version {manifest.version} "
             "must be newer, or an identical re-commit of a committed version",
         )
-    return ObjectRef(uri=store.uri(key), sha256=hashlib.sha256(data).hexdigest(), size=len(data))
+    return ref
 
 
 async def announce(*, bus: Bus, manifest: WeightsManifest, ref: ObjectRef) -> None:

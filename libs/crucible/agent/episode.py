@@ -85,6 +85,7 @@ class Actor(Protocol):
     async def sample_summary(self, state: EpisodeState, *, generator: torch.Generator) -> str:
         """Free text after the summary request in `state`, closed by the format's end token (sampled, or
         an environment token when agent.max_summary_tokens ran out); returns its text."""
+        ...
 
     async def finish(self, state: EpisodeState) -> None:
         """Whatever must follow the last token (the rollout feeds it, to record its routing)."""
@@ -296,7 +297,7 @@ async def _chat_turns(engine, config, task, session, contexts, generator, tool_t
             calls.append(_call(turn, "submit", args_text, True, "", 0.0, start, end, version))
             break
         t0 = time.perf_counter()
-        if name is None:
+        if name is None or arguments is None:  # both or neither
             ok, text = False, "error: the tool call did not close within the action budget"
         else:
             result, text = await run_chat_tool(session, name, arguments, config=config, timeout_s=tool_timeout_s)

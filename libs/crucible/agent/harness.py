@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Any
 
 import httpx
 import openai
@@ -24,7 +25,7 @@ def main() -> int:
     episode = httpx.Client(base_url=os.environ["CRUCIBLE_EPISODE_URL"], timeout=600)
     task = episode.get("/task").raise_for_status().json()
     client = openai.OpenAI(max_retries=0, timeout=600)  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
-    messages = [{"role": "system", "content": task["system_prompt"]}, {"role": "user", "content": task["statement"]}]
+    messages: list[Any] = [{"role": "system", "content": task["system_prompt"]}, {"role": "user", "content": task["statement"]}]
     for _ in range(task["max_turns"]):
         try:
             reply = client.chat.completions.create(
@@ -35,9 +36,11 @@ def main() -> int:
             return 0
         choice = reply.choices[0]
         messages.append(choice.message.model_dump(exclude_none=True))
-        if choice.finish_reason != "tool_calls":
+        if choice.finish_reason != "tool_calls" or not choice.message.tool_calls:
             return 0  # the call did not close within the action budget
         call = choice.message.tool_calls[0]
+        if call.type != "function":  # the episode's API serves function calls only
+            raise RuntimeError(f"unexpected tool call type {call.type!r}")
         result = episode.post(f"/tools/{call.function.name}", json=json.loads(call.function.arguments))
         result.raise_for_status()
         if call.function.name == "submit":

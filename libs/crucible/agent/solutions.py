@@ -71,7 +71,7 @@ def snapshot_files(archive: bytes, paths: Iterable[str]) -> dict[str, str]:
 
 
 def changed_paths(patch: str) -> list[str]:
-    from unidiff import PatchSet
+    from unidiff.patch import PatchSet
 
     return [file.path for file in PatchSet(patch)]
 
@@ -80,7 +80,7 @@ def reference_actions(patch: str, files: dict[str, str], *, byte_level: bool) ->
     """The actions that apply `patch` to `files` (path -> text): read each changed file, one replace per
     changed block (`old` grown by context lines until it occurs once; one line for the byte-level
     agent), run the tests, submit."""
-    from unidiff import PatchSet
+    from unidiff.patch import PatchSet
 
     actions: list[Action] = []
     edits: list[Action] = []

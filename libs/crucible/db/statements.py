@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import CursorResult
 from sqlalchemy.ext.asyncio import AsyncSession
 
 
@@ -19,4 +20,4 @@ async def insert_or_ignore(session: AsyncSession, model: type[Any], **values: An
     if insert is None:
         raise NotImplementedError(f"insert_or_ignore does not support {dialect}")
     result = await session.execute(insert(model).values(**values).on_conflict_do_nothing())
-    return result.rowcount == 1
+    return cast(CursorResult[Any], result).rowcount == 1  # a DML statement's result is a CursorResult

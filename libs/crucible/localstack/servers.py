@@ -205,6 +205,7 @@ def start_seaweedfs(
         "-s3.port.lance=0",
         f"-s3.localSocket={home / 's3.sock'}",
     ]
+    https: int | None = None
     if tls is not None:
         (https,) = free_ports(count=1)
         argv += [f"-s3.port.https={https}", f"-s3.cert.file={tls[0]}", f"-s3.key.file={tls[1]}"]
@@ -213,7 +214,7 @@ def start_seaweedfs(
     # (one per test) live on one server.
     env = {**os.environ, "TMPDIR": str(home), "WEED_MASTER_VOLUME_GROWTH_COPY_1": "1"}
     server = _launch("seaweedfs", argv, home=home, port=s3, url=f"http://{LOOPBACK}:{s3}", env=env)
-    if tls is not None:
+    if https is not None:
         server.tls_endpoint = f"{LOOPBACK}:{https}"
     # It takes ~30 s to exit on SIGTERM and keeps nothing a test or demo needs: a short grace, then SIGKILL.
     server.stop_grace_s = 1.0

@@ -18,7 +18,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Self
+from typing import Any, Self
 
 from crucible.aio import run_sync
 from crucible.apikeys import KEY_FILE, ensure_key_file
@@ -141,17 +141,18 @@ class LocalStack:
         assert self.state_dir is not None
         urls = dict(self._urls)
         operator: dict[str, str] = {}
+        identities = self.state_dir / IDENTITIES_DIR
         if urls["nats"] is None or urls["s3"] is None:
-            self.identities = self.state_dir / IDENTITIES_DIR
+            self.identities = identities
         if urls["nats"] is None:
             urls["nats"] = self._add_server(self._start_nats()).url
-            operator["CRUCIBLE_NATS_NKEY_FILE"] = str(seed_file(self.identities, ADMIN))
+            operator["CRUCIBLE_NATS_NKEY_FILE"] = str(seed_file(identities, ADMIN))
         if urls["redis"] is None:
             urls["redis"] = self._add_server(start_redis(state_dir=self.state_dir)).url
         if urls["s3"] is None:
-            self._s3_keys = s3_keys(self.identities)
+            self._s3_keys = s3_keys(identities)
             if not self._s3["access_key"]:  # the operator's, made with the identities like every other key
-                self._s3["access_key"], self._s3["secret_key"] = read_s3_key(s3_key_file(self.identities, ADMIN))
+                self._s3["access_key"], self._s3["secret_key"] = read_s3_key(s3_key_file(identities, ADMIN))
             urls["s3"] = self._add_server(self._start_seaweedfs()).endpoint
         if urls["database"] is None:
             urls["database"] = f"sqlite+aiosqlite:///{self.state_dir / 'crucible.db'}"
@@ -188,7 +189,8 @@ class LocalStack:
         from crucible.bus import Bus
         from crucible.objectstore import ObjectStore
 
-        settings = CommonSettings(**{k.removeprefix("CRUCIBLE_").lower(): v for k, v in self.settings_env.items()})
+        fields: dict[str, Any] = {k.removeprefix("CRUCIBLE_").lower(): v for k, v in self.settings_env.items()}
+        settings = CommonSettings(**fields)  # strings, parsed as the environment's would be
 
         async def work() -> None:
             await ObjectStore.from_settings(settings).ensure_bucket()
@@ -220,10 +222,11 @@ class LocalStack:
         }
         for name, http_port in zip(self.service_names, ports, strict=False):
             env = {**base_env, "CRUCIBLE_HTTP_PORT": str(http_port)}
-            if "nats" in self.servers:
-                env["CRUCIBLE_NATS_NKEY_FILE"] = str(seed_file(self.identities, name))
-            if self._s3_keys:
-                env["CRUCIBLE_S3_KEY_FILE"] = str(s3_key_file(self.identities, name))
+            if self.identities is not None:  # the stack's own NATS or S3, which admit its identities only
+                if "nats" in self.servers:
+                    env["CRUCIBLE_NATS_NKEY_FILE"] = str(seed_file(self.identities, name))
+                if self._s3_keys:
+                    env["CRUCIBLE_S3_KEY_FILE"] = str(s3_key_file(self.identities, name))
             if name == "api":
                 env["CRUCIBLE_API_PORT"] = str(api_port)
                 env.setdefault("CRUCIBLE_TRACKING_DIR", str(self.state_dir / "tracking"))

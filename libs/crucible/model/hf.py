@@ -82,7 +82,7 @@ def config_from_hf(hf: dict[str, Any], *, where: str = "config.json") -> ModelCo
         if model_type == "deepseek_v3":
             fields |= _deepseek_fields(hf, where)
         elif model_type in MOE:
-            experts = int(hf.get("num_experts") or hf.get("num_local_experts"))
+            experts = int(hf.get("num_experts") or hf["num_local_experts"])
             fields |= {
                 "num_experts": experts,
                 "top_k": int(hf["num_experts_per_tok"]),
@@ -295,10 +295,10 @@ def from_crucible(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
             for ours, theirs in _mla_names(cfg):
                 out[attn + f"{theirs}.weight"] = state[q + f"attention.{ours}.weight"]
         else:
-            for x, part in zip("qkv", state[q + "attention.wqkv.weight"].split([H * hd, KV * hd, KV * hd])):
+            for x, part in zip("qkv", state[q + "attention.wqkv.weight"].split([H * hd, KV * hd, KV * hd]), strict=True):
                 out[attn + f"{x}_proj.weight"] = part
             if cfg.qkv_bias:
-                for x, part in zip("qkv", state[q + "attention.wqkv.bias"].split([H * hd, KV * hd, KV * hd])):
+                for x, part in zip("qkv", state[q + "attention.wqkv.bias"].split([H * hd, KV * hd, KV * hd]), strict=True):
                     out[attn + f"{x}_proj.bias"] = part
             out[attn + "o_proj.weight"] = state[q + "attention.wo.weight"]
         if cfg.qk_norm != "none":

@@ -30,6 +30,9 @@ class Router(nn.Module):
     data or expert parallelism, sum `tokens_per_expert` across ranks before calling `update_bias`.
     """
 
+    expert_bias: torch.Tensor  # buffers (register_buffer)
+    tokens_per_expert: torch.Tensor
+
     def __init__(
         self,
         dim: int,

@@ -31,7 +31,7 @@ class _MXLinear(torch.autograd.Function):
         return fq(x_MK, dim=1) @ fq(w_NK, dim=1).T
 
     @staticmethod
-    def backward(ctx, dy_MN: torch.Tensor):
+    def backward(ctx, dy_MN: torch.Tensor):  # pyright: ignore[reportIncompatibleMethodOverride]  (torch's documented form)
         x_MK, w_NK = ctx.saved_tensors
         dy_MN = dy_MN.float()
         dx = fq(dy_MN, dim=1) @ fq(w_NK, dim=0) if ctx.needs_input_grad[0] else None
@@ -71,7 +71,7 @@ class _MXGroupedMM(torch.autograd.Function):
         return torch.cat([xg @ wq[e].T for e, xg in enumerate(xq)])
 
     @staticmethod
-    def backward(ctx, dy_MN: torch.Tensor):
+    def backward(ctx, dy_MN: torch.Tensor):  # pyright: ignore[reportIncompatibleMethodOverride]  (torch's documented form)
         x_MK, w_ENK = ctx.saved_tensors
         counts = ctx.counts
         dy_MN = dy_MN.float()

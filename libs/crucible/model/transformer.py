@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -59,6 +60,9 @@ class Transformer(nn.Module):
     `precision`; the output head in bf16 unless precision is fp32.
     """
 
+    rope_cos: torch.Tensor  # buffers (register_buffer)
+    rope_sin: torch.Tensor
+
     def __init__(self, cfg: ModelConfig, *, precision: str = "bf16") -> None:
         super().__init__()
         self.cfg = cfg
@@ -77,14 +81,14 @@ class Transformer(nn.Module):
         self.precision = check_precision(precision)
         for module in self.modules():
             if module is not self and hasattr(module, "precision"):
-                module.precision = precision
+                cast(Any, module).precision = precision  # nn.Module types attributes as Tensor | Module
         self.head_precision = "fp32" if precision == "fp32" else "bf16"
         if self.output is not None:
             self.output.precision = self.head_precision
 
     @property
     def moe_layers(self) -> list[MoE]:
-        return [block.moe for block in self.layers if hasattr(block, "moe")]
+        return [moe for block in self.layers if isinstance(moe := getattr(block, "moe", None), MoE)]
 
     def new_cache(
         self,

@@ -33,7 +33,8 @@ def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
 
 def tensor_sha256(tensor: torch.Tensor) -> str:
     """sha256 of the tensor's raw bytes: the identity a loader checks whatever way it rebuilt the tensor."""
-    return hashlib.sha256(raw_bytes(tensor).numpy()).hexdigest()
+    # An ndarray is a buffer; numpy's stubs say so (__buffer__) for Python >= 3.12 only.
+    return hashlib.sha256(raw_bytes(tensor).numpy()).hexdigest()  # pyright: ignore[reportArgumentType]
 
 
 def _width(*flats: torch.Tensor) -> torch.dtype:
@@ -61,7 +62,8 @@ def encode_delta(new: list[torch.Tensor], base: list[torch.Tensor]) -> bytes:
     if not new:
         return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(b"")
     parts = [xor(n, b) for n, b in zip(new, base, strict=True)]
-    return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(torch.cat(parts).numpy())
+    data = torch.cat(parts).numpy()
+    return zstandard.ZstdCompressor(level=ZSTD_LEVEL).compress(data)  # pyright: ignore[reportArgumentType]  (a buffer)
 
 
 def apply_delta(data: bytes, base: list[torch.Tensor]) -> list[tuple[torch.Tensor, str]]:
@@ -78,7 +80,7 @@ def apply_delta(data: bytes, base: list[torch.Tensor]) -> list[tuple[torch.Tenso
         for b in base:
             src = raw_bytes(b)
             dst = torch.empty(src.numel(), dtype=torch.uint8)
-            view, digest = memoryview(dst.numpy()), hashlib.sha256()
+            view, digest = memoryview(dst.numpy()), hashlib.sha256()  # pyright: ignore[reportArgumentType]  (a buffer)
             for start in range(0, src.numel(), CHUNK_BYTES):
                 end = min(start + CHUNK_BYTES, src.numel())
                 _fill(reader, view[start:end])

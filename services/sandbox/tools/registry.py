@@ -12,7 +12,7 @@ import inspect
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 
@@ -33,6 +33,7 @@ class Args(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 Impl = Callable[["Session", Any], Awaitable[ToolResult] | ToolResult]
+ImplT = TypeVar("ImplT", bound=Impl)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,8 +75,8 @@ def tool(
     description: str,
     aliases: tuple[str, ...] = (),
     arg_aliases: dict[str, str] | None = None,
-) -> Callable[[Impl], Impl]:
-    def register(impl: Impl) -> Impl:
+) -> Callable[[ImplT], ImplT]:
+    def register(impl: ImplT) -> ImplT:
         entry = Tool(
             name=name,
             description=description,
@@ -119,6 +120,8 @@ async def call_tool(session: Session, name: str, arguments: dict[str, Any]) -> T
             result = await entry.impl(session, args)
         else:
             result = await asyncio.to_thread(entry.impl, session, args)
+        if not isinstance(result, ToolResult):
+            raise TypeError(f"returned a {type(result).__name__}, not a ToolResult")
     except (ToolFailure, PathRefused) as exc:
         return failure(str(exc), started=started)
     except FileNotFoundError as exc:
@@ -129,7 +132,7 @@ async def call_tool(session: Session, name: str, arguments: dict[str, Any]) -> T
         return failure(f"{exc.filename or 'path'}: a part of the path is not a directory", started=started)
     except RequestError:
         raise
-    except Exception as exc:  # noqa: BLE001  (a tool bug answers an error result; the service keeps serving)
+    except Exception as exc:  # a tool bug answers an error result; the service keeps serving
         return failure(f"{entry.name} failed: {type(exc).__name__}: {exc}", started=started)
     if not result.duration_s:
         result.duration_s = round(time.monotonic() - started, 4)
