@@ -187,7 +187,7 @@ def measure(
             "trajectory_s": round(
                 hist_mean(rollout, "crucible_rollout_group_seconds", run_id=run_id) / schedule["group_size"],
                 3,
-            ),  # fmt: skip
+            ),
             "grade_s": round(hist_mean(grader, "crucible_grader_seconds", grader_before), 3),
             "step_s": round(statistics.mean(step_seconds), 3),
             "publish_s": round(statistics.median(publish), 3),

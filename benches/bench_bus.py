@@ -104,8 +104,8 @@ async def main(messages: int, tokens: int, rounds: int) -> None:
                 else:
                     raw.append(await raw_round(server.url, payloads, f"raw{r}"))
                     bus.append(await bus_round(server.url, trajectories, f"bus{r}"))
-            raw_pub, raw_con = (statistics.median(x) for x in zip(*raw))
-            bus_pub, bus_con = (statistics.median(x) for x in zip(*bus))
+            raw_pub, raw_con = (statistics.median(x) for x in zip(*raw, strict=True))
+            bus_pub, bus_con = (statistics.median(x) for x in zip(*bus, strict=True))
         finally:
             server.stop()
     print(f"{messages} trajectories of {tokens} tokens ({size / 1024:.1f} KiB each), median of {rounds} rounds")

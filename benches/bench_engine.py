@@ -64,7 +64,7 @@ def run_group(
     assert not any(errors), errors
     computed = batcher.stats.prefill_tokens - 2
     batcher.close()
-    return seconds, [s.tokens[len(p) :] for s, p in zip(seqs, prompts)], computed
+    return seconds, [s.tokens[len(p) :] for s, p in zip(seqs, prompts, strict=True)], computed
 
 
 @torch.inference_mode()
@@ -135,7 +135,7 @@ def main() -> None:
 
     median = {name: statistics.median(t) for name, t in times.items()}
     agree = sum(
-        a == b for x, y in zip(outputs["batched"], outputs["transformers"]) for a, b in zip(x, y)
+        a == b for x, y in zip(outputs["batched"], outputs["transformers"], strict=True) for a, b in zip(x, y, strict=False)
     ) / tokens  # fmt: skip
     summary = {
         "model": SOURCE,

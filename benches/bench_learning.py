@@ -111,10 +111,13 @@ def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any
         "eval": {**base["eval"], "every_versions": args.eval_every},
     })  # fmt: skip
     steps = stack.steps_of(rl)
-    rl_curve = [{"step": 0, **start}] + sorted(
-        ({"step": steps.get(e["version"], e["version"]), **point(e)} for e in rl["evals"] if e["status"] == "finished"),
-        key=lambda p: p["step"],
-    )
+    rl_curve = [
+        {"step": 0, **start},
+        *sorted(
+            ({"step": steps.get(e["version"], e["version"]), **point(e)} for e in rl["evals"] if e["status"] == "finished"),
+            key=lambda p: p["step"],
+        ),
+    ]
     sequences = args.rl_steps * args.groups * args.group_size
     control = stack.run(f"control-{seed}", {
         **base, "model": {"source": args.model, "init": init}, "schedule": {"max_steps": 0},

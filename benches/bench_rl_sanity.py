@@ -137,7 +137,7 @@ def run_arm(*, loss: str, seed: int, steps: int, control: bool, eval_every: int 
             advantages += group_advantages(torch.tensor(rewards), estimator=config.optim.advantage).tolist()
             graded += [
                 GradedTrajectory(trajectory=t, reward=Reward(total=r, tests_passed=0, tests_total=0), graded_at=0.0)
-                for t, r in zip(group, rewards)
+                for t, r in zip(group, rewards, strict=True)
             ]
         policy.train([g.trajectory for g in graded], advantages)
         publish, evaluate = step % schedule.publish_every == 0, step % eval_every == 0 or step == steps

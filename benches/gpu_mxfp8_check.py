@@ -73,7 +73,7 @@ def edge_blocks() -> torch.Tensor:
 
 
 def same_bits(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> bool:
-    return all(torch.equal(x.cpu().view(torch.uint8), y.cpu().view(torch.uint8)) for x, y in zip(a, b))
+    return all(torch.equal(x.cpu().view(torch.uint8), y.cpu().view(torch.uint8)) for x, y in zip(a, b, strict=True))
 
 
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -108,14 +108,14 @@ def check_quantizer(dev: str) -> None:
             for dt in (torch.float32, torch.bfloat16)
         )
         check("torch.compile(quantize_mxfp8) GPU == CPU", ok)
-    except Exception as exc:  # noqa: BLE001 - a compiler failure is a finding, not a crash
+    except Exception as exc:  # a compiler failure is a finding, not a crash
         check("torch.compile(quantize_mxfp8) runs", False, repr(exc)[:300])
 
 
 def report_torchao(dev: str) -> None:
     try:
         from torchao.prototype.mx_formats.mx_tensor import ScaleCalculationMode, to_mx
-    except Exception as exc:  # noqa: BLE001 - torchao is optional here
+    except Exception as exc:  # torchao is optional here
         print(f"[info] torchao mx_formats not importable: {exc!r}"[:300])
         return
     x = edge_blocks().to(dev)
@@ -131,7 +131,7 @@ def report_torchao(dev: str) -> None:
                 f"[info] torchao to_mx RCEIL {label} on GPU vs ours: {s_diff} scales and {d_diff} blocks' "
                 f"elements differ of {x.shape[0]} blocks"
             )
-        except Exception as exc:  # noqa: BLE001 - reported, not judged
+        except Exception as exc:  # reported, not judged
             print(f"[info] torchao to_mx {label} failed: {exc!r}"[:300])
 
 
@@ -151,7 +151,7 @@ def check_gemms(dev: str) -> None:
 
     for fn in (mx_linear, mx_grouped_mm):
         cpu, gpu = run("cpu", fn), run(dev, fn)
-        err = max(((a - b).norm() / b.norm()).item() for a, b in zip(gpu, cpu))
+        err = max(((a - b).norm() / b.norm()).item() for a, b in zip(gpu, cpu, strict=True))
         check(f"{fn.__name__} forward/backward GPU ~ CPU", err < 1e-5, f"max relative error {err:.2e}")
     xb = x.to(dev).requires_grad_()
     wb = w.to(dev).requires_grad_()
@@ -159,7 +159,7 @@ def check_gemms(dev: str) -> None:
     loop = torch.cat(
         [
             xb[a : a + c].bfloat16() @ wb[e].bfloat16().T
-            for e, (a, c) in enumerate(zip([0, *torch.tensor(counts).cumsum(0).tolist()[:-1]], counts))
+            for e, (a, c) in enumerate(zip([0, *torch.tensor(counts).cumsum(0).tolist()[:-1]], counts, strict=True))
         ]
     )
     err = ((fast.float() - loop.float()).norm() / loop.float().norm()).item()
@@ -229,14 +229,14 @@ def time_shape(dev: str, *, E: int, M: int, K: int, N: int) -> None:
         rel = ((fp8().float() - ref).norm() / ref.norm()).item()
         row["fp8-rowwise"] = cuda_time(fp8)
         print(f"[info] fp8 row-wise grouped GEMM relative error vs bf16: {rel:.3e}")
-    except Exception as exc:  # noqa: BLE001 - a missing kernel is reported, the check goes on
+    except Exception as exc:  # a missing kernel is reported, the check goes on
         print(f"[info] fp8 row-wise grouped GEMM unavailable: {exc!r}"[:300])
     if cap >= (10, 0):
         try:
             from torchao.prototype.moe_training.mxfp8_grouped_mm import _to_mxfp8_then_scaled_grouped_mm
 
             row["mxfp8-torchao"] = cuda_time(lambda: _to_mxfp8_then_scaled_grouped_mm(a, w_t, offs=offs))
-        except Exception as exc:  # noqa: BLE001 - as above
+        except Exception as exc:  # as above
             print(f"[info] torchao MXFP8 grouped GEMM unavailable: {exc!r}"[:300])
     else:
         print(f"[info] sm_{cap[0]}{cap[1]}: no MX block-scaled tensor cores (sm_100+); MXFP8 is emulated")
@@ -264,7 +264,7 @@ def time_quantizer(dev: str) -> None:
         compiled_fn = torch.compile(quantize_mxfp8)
         compiled = cuda_time(lambda: compiled_fn(x), reps=10)
         line += f", compiled {compiled:.3f} ms ({gb / compiled * 1e3:.0f} GB/s)"
-    except Exception as exc:  # noqa: BLE001 - reported, not judged
+    except Exception as exc:  # reported, not judged
         line += f", compile failed: {exc!r}"[:200]
     print(line, flush=True)
 
@@ -285,12 +285,12 @@ def main() -> None:
     for step in (check_quantizer, report_torchao, check_gemms, check_model):
         try:
             step(dev)
-        except Exception:  # noqa: BLE001 - one failing check must not hide the others
+        except Exception:  # one failing check must not hide the others
             check(step.__name__, False, traceback.format_exc(limit=3))
     for step in (lambda d: time_grouped_gemms(d, args.quick), time_quantizer):
         try:
             step(dev)
-        except Exception:  # noqa: BLE001 - timings are informational
+        except Exception:  # timings are informational
             print(f"[info] timing failed: {traceback.format_exc(limit=3)}")
     print(f"done in {time.time() - t0:.0f}s; {len(FAILURES)} failures {FAILURES}")
     sys.exit(1 if FAILURES else 0)

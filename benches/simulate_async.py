@@ -237,7 +237,7 @@ def check(costs: Costs, measured: dict, base: Pipeline) -> dict[str, dict[str, f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--costs", type=Path, help="bench_async.py --json output ('-': stdin).")
-    for name, spec in Costs.__dataclass_fields__.items():
+    for name in Costs.__dataclass_fields__:
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=float, help=f"Override {name}.")
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2, 4, 8, 16])
     parser.add_argument("--trainers", type=int, nargs="+", default=[1, 2, 4])

@@ -20,7 +20,7 @@ def crucible(
     )
 
 
-def settings_env(settings) -> dict[str, str]:  # noqa: ANN001 - any pydantic settings
+def settings_env(settings) -> dict[str, str]:  # any pydantic settings
     """The environment that gives a service (or the CLI) these settings."""
     import json
 

@@ -105,7 +105,7 @@ def _repo(root: Path, files: dict[str, str]) -> tuple[Path, str]:
     return root, git(root, "rev-parse", "HEAD").strip()
 
 
-def _diff(repo: Path, edit) -> str:  # noqa: ANN001
+def _diff(repo: Path, edit) -> str:
     edit()
     git(repo, "add", "-A")
     patch = git(repo, "diff", "--cached")
@@ -118,13 +118,13 @@ def _instances(repo: Path, name: str, commit: str, module: str, fixes: dict, p2p
     for function, (bug, fix, check) in fixes.items():
         path = repo / module
 
-        def fix_it(path=path, bug=bug, fix=fix) -> None:  # noqa: ANN001
+        def fix_it(path=path, bug=bug, fix=fix) -> None:
             path.write_text(path.read_text().replace(bug, fix))
 
         test_file = f"tests/test_{function}.py"
         package, stem = module.removesuffix(".py").split("/")
 
-        def add_test(test_file=test_file, function=function, check=check) -> None:  # noqa: ANN001
+        def add_test(test_file=test_file, function=function, check=check, package=package, stem=stem) -> None:
             (repo / test_file).write_text(f"from {package}.{stem} import {function}\n\n\ndef test_{function}():\n    {check}\n")
 
         out.append({

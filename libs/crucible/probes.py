@@ -58,7 +58,7 @@ def approx_equal(expected: object, actual: object) -> bool:
     return (
         isinstance(actual, type(expected))
         and len(actual) == len(expected)  # type: ignore[arg-type]
-        and all(close(a, b) for a, b in zip(expected, actual))  # type: ignore[call-overload]
+        and all(close(a, b) for a, b in zip(expected, actual, strict=True))  # type: ignore[call-overload]
     )
 
 

@@ -113,7 +113,7 @@ class Runtime(Generic[S]):
             connected = hasattr(self, "bus") and self.bus.nc.is_connected
             names = list(self._checks)
             results = await asyncio.gather(*(self._passes(self._checks[n]) for n in names))
-            checks = dict(zip(names, results))
+            checks = dict(zip(names, results, strict=True))
             ok = self._ready and connected and all(results) and not self.stopping.is_set()
             response.status_code = 200 if ok else 503
             return {"ready": ok, "bus": connected, **checks}

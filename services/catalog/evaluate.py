@@ -69,7 +69,7 @@ def run_probes(
             module = ModuleType(f"{alias}.{name}")
             module.__package__ = alias
             sys.modules[module.__name__] = module
-            exec(compile(source, f"<{name}.py>", "exec"), module.__dict__)  # noqa: S102 - our own templates
+            exec(compile(source, f"<{name}.py>", "exec"), module.__dict__)  # our own templates
             setattr(package, name, module)
             loaded[name] = module
         namespace = {name: getattr(loaded[module], name) for name, module in exports.items()}
@@ -83,7 +83,7 @@ def run_probes(
 def _evaluate(setup: str, expr: str, namespace: dict[str, object]) -> Outcome:
     try:
         if setup:
-            exec(setup, namespace)  # noqa: S102 - our own templates
+            exec(setup, namespace)  # our own templates
         return Outcome(value=eval(expr, namespace))
-    except Exception as exc:  # noqa: BLE001 - any failure of generated code is an outcome to record
+    except Exception as exc:  # any failure of generated code is an outcome to record
         return Outcome(error=type(exc).__name__, message=str(exc))

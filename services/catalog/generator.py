@@ -111,7 +111,7 @@ def _attempt(
     calls = [(setup, expr) for _, setup, expr in probes]
     fixed = run_probes(modules=p.modules(buggy=False), exports=p.exports, probes=calls)
     buggy = run_probes(modules=p.modules(buggy=True), exports=p.exports, probes=calls)
-    rows = [_Row(*probe, f, b) for probe, f, b in zip(probes, fixed, buggy) if is_testable(f)]
+    rows = [_Row(*probe, f, b) for probe, f, b in zip(probes, fixed, buggy, strict=True) if is_testable(f)]
     failing = [r for r in rows if r.owner is p.symptom and not r.fixed.same_as(r.buggy)]
     if difficulty > 1:
         failing = [r for r in failing if not re.search(rf"\b{p.bug.name}\b", r.setup + r.expr)]
@@ -159,7 +159,7 @@ def _attempt(
             [f"{HIDDEN_TESTS}::{name}" for name in hidden_names[len(hidden_fail) :]]
             + [f"{visible_path}::{name}" for name in visible_names]
         ),
-        probes={f"{HIDDEN_TESTS}::{name}": row.fixed.expected() for name, row in zip(hidden_names, hidden)},
+        probes={f"{HIDDEN_TESTS}::{name}": row.fixed.expected() for name, row in zip(hidden_names, hidden, strict=True)},
         split=task_split,
         bug=BugInfo(
             kind=p.mutation.kind,

@@ -90,8 +90,8 @@ async def verify_and_store(
                 return f"could not verify in the sandbox: {exc!r}"[:500]
 
     reasons = await asyncio.gather(*(verify(record) for record in candidates))
-    verified = [record for record, reason in zip(candidates, reasons) if not reason]
-    for record, reason in zip(candidates, reasons):
+    verified = [record for record, reason in zip(candidates, reasons, strict=True) if not reason]
+    for record, reason in zip(candidates, reasons, strict=True):
         if reason:
             report.rejected[(labels or {}).get(record.task_id, record.task_id)] = reason
     if verified:

@@ -141,7 +141,7 @@ def mutations(path: str, text: str) -> list[Mutation]:
     return list(unique.values())
 
 
-def _apply(path, text, offsets, function_name, kind, node, replacement, function) -> Mutation | None:  # noqa: ANN001
+def _apply(path, text, offsets, function_name, kind, node, replacement, function) -> Mutation | None:
     start, end = offsets.bounds(node)
     before = text[start:end]
     if replacement is None:

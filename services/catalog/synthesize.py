@@ -172,7 +172,7 @@ async def synthesize_tasks(
                 _screen(prepared, m, tests=tests, timeout_s=min(timeout_s, SCREEN_TIMEOUT_S))
                 for m in batch
             ))  # fmt: skip
-            for mutation, result in zip(batch, results):
+            for mutation, result in zip(batch, results, strict=True):
                 if isinstance(result, str):
                     report.rejected[mutation.label] = result
                 elif (mutation.path, mutation.function) not in functions and len(kept) < max_tasks:
@@ -184,14 +184,14 @@ async def synthesize_tasks(
         for index, (mutation, failing, passing) in enumerate(kept)
     ]
     report.seconds = time.monotonic() - started
-    labels = {r.task_id: m.label for r, (m, _, _) in zip(records, kept)}
+    labels = {r.task_id: m.label for r, (m, _, _) in zip(records, kept, strict=True)}
     return await verify_and_store(
         records, report=report, store=store, sessionmaker=sessionmaker, sandboxes=sandboxes,
         workers=workers, timeout_s=timeout_s, labels=labels,
     )  # fmt: skip
 
 
-def _record(taskset, package, index, mutation, failing, passing, files) -> TaskRecord:  # noqa: ANN001
+def _record(taskset, package, index, mutation, failing, passing, files) -> TaskRecord:
     original = mutation.text
     mutated = {**files, mutation.path: mutation.source.encode("utf-8")}
     f2p = sorted({nodeid for nodeid, _ in failing})

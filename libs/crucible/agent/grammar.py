@@ -32,7 +32,7 @@ def allowed_table(vocab_size: int = VOCAB_SIZE, device: torch.device | str = "cp
     return _table(int(vocab_size), torch.device(device))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _table(vocab_size: int, device: torch.device) -> torch.Tensor:
     if device != torch.device("cpu"):
         return _table(vocab_size, torch.device("cpu")).to(device)

@@ -144,7 +144,7 @@ class ToolCallGrammar:
         at constrained ones (each run of constrained positions is one action, parsed from its start)."""
         masks = torch.ones(len(tokens), self.vocab_size, dtype=torch.bool)
         matcher = None
-        for t, (token, inside) in enumerate(zip(tokens, constrained)):
+        for t, (token, inside) in enumerate(zip(tokens, constrained, strict=True)):
             if not inside:
                 matcher = None
                 continue

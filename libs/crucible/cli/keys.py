@@ -43,10 +43,10 @@ def _with_session(url: str | None, work: Any) -> Any:
 @keys_app.command("create")
 def create(
     scope: Annotated[str, typer.Option(help="read, write (also start and cancel runs, request "
-                                            "evaluations) or admin (also manage keys).")],  # fmt: skip
+                                            "evaluations) or admin (also manage keys).")],
     name: Annotated[str, typer.Option(help="Who or what holds the key.")] = "cli",
     file: Annotated[Path | None, typer.Option(help="Write the token to this file (mode 0600) "
-                                                   "instead of printing it.")] = None,  # fmt: skip
+                                                   "instead of printing it.")] = None,
     url: UrlOption = None,
 ) -> None:
     """A new key; its token is printed (or written to --file) this once."""

@@ -369,7 +369,7 @@ class ContinuousBatcher:
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
     n = 0
-    for x, y in zip(a[:limit], b[:limit]):
+    for x, y in zip(a[:limit], b[:limit], strict=False):
         if x != y:
             break
         n += 1

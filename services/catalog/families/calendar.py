@@ -148,7 +148,7 @@ def $days_between(a, b):
     mutations=(
         Mutation(kind="swapped_args", find="$ordinal(b) - $ordinal(a)", replace="$ordinal(a) - $ordinal(b)"),
     ),
-    probes=lambda rng: [call("days_between", a, b) for a, b in zip(_dates(rng), _dates(rng))],
+    probes=lambda rng: [call("days_between", a, b) for a, b in zip(_dates(rng), _dates(rng), strict=True)],
 )
 
 ADD_DAYS = Unit(

@@ -161,7 +161,7 @@ def $parse_version(text):
         Mutation(kind="off_by_one", find="(0,) * (3 - len(numbers))", replace="(0,) * (2 - len(numbers))"),
     ),
     probes=lambda rng: (
-        [call("parse_version", v) for v in _versions(rng) + ["1.2.3", "v2", "10.0"]]
+        [call("parse_version", v) for v in [*_versions(rng), "1.2.3", "v2", "10.0"]]
         + [call("parse_version", "1.2.3.4")]
     ),
 )

@@ -267,7 +267,7 @@ def $outliers(values, *, k=$p_k):
         Mutation(kind="boolean", find="x < low or x > high", replace="x < low and x > high"),
     ),
     probes=lambda rng: (
-        [call("outliers", xs + [rng.choice([-90, 150])]) for xs in _samples(rng, low=3)]
+        [call("outliers", [*xs, rng.choice([-90, 150])]) for xs in _samples(rng, low=3)]
         + [call("outliers", xs) for xs in _samples(rng, low=2)[:4]]
     ),
 )

@@ -40,8 +40,8 @@ def test_mutations_change_one_span_and_keep_the_rest(tmp_path):
     assert {m.kind for m in found} >= {"comparison", "boolean", "off_by_one", "swapped_args", "wrong_return"}
     for m in [m for m in found if m.parses()]:
         # One contiguous span differs, no longer than the code it replaces, and the file still parses.
-        head = len(os.path.commonprefix([text, m.source]))
-        tail = len(os.path.commonprefix([text[head:][::-1], m.source[head:][::-1]]))
+        head = len(os.path.commonprefix([text, m.source]))  # noqa: RUF071  (texts, compared by character)
+        tail = len(os.path.commonprefix([text[head:][::-1], m.source[head:][::-1]]))  # noqa: RUF071
         assert m.source != text and len(text) - head - tail <= len(m.before), m.label
         ast.parse(m.source)
 

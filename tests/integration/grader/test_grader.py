@@ -71,7 +71,7 @@ async def count_on(bus: Bus, stream: str, subject: str) -> int:
     return (info.state.subjects or {}).get(subject, 0)
 
 
-async def wait_for(predicate, *, timeout_s: float, what: str) -> None:  # noqa: ANN001
+async def wait_for(predicate, *, timeout_s: float, what: str) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not await predicate():
         if asyncio.get_running_loop().time() > deadline:

@@ -102,7 +102,7 @@ async def test_an_episode_on_the_external_engine_is_recorded_exactly(served, bus
 
 
 async def test_a_reload_waits_for_the_request_in_flight_and_the_next_request_has_the_new_weights(served):
-    checkpoint, weights, url = served
+    checkpoint, _weights, url = served
     engine, _ = _engine(served, "sglang", max_summary_tokens=600)
     base = load_pretrained(checkpoint).state_dict()
     try:

@@ -7,6 +7,8 @@ rollout sampled with (which it would not, fed the trajectory as one sequence).""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from calc_task import calc_task
@@ -74,21 +76,21 @@ async def test_an_episode_summarises_and_goes_on_in_a_new_context(tmp_path, bus,
     starts = trajectory.context_starts
     assert len(starts) >= 2 and starts[0] == 0, (starts, trajectory.finish_reason)
     bounds = [*starts, len(tokens)]
-    assert all(end - start <= engine.max_context for start, end in zip(bounds, bounds[1:]))
+    assert all(end - start <= engine.max_context for start, end in itertools.pairwise(bounds))
     decode = bytes_format.decode if engine.tokenizer is None else engine.tokenizer.decode
     end_token = bytes_format.END if engine.tokenizer is None else engine.tokenizer.eos_token_id
-    for start, end in zip(bounds[1:], bounds[2:]):
+    for start, end in itertools.pairwise(bounds[1:]):
         # the closed context ends with the request and the policy's summary; the next begins with it
         last = start - 1 if mask[start - 1] == 0 else start  # the end token of a summary cut at its budget
         first = last
         while mask[first - 1]:
             first -= 1
-        assert last - first >= 1 and tokens[last - 1] == end_token or last < start
+        assert (last - first >= 1 and tokens[last - 1] == end_token) or last < start
         assert SUMMARY_REQUEST[-30:] in decode(tokens[first - 60 : first])
         summary = decode([t for t in tokens[first:last] if t != end_token])
         assert SUMMARY_INTRO.strip() in decode(tokens[start:end]) and summary.strip()[:8] in decode(tokens[start:end])
     for call in trajectory.tool_calls:  # spans are the episode's, each within one context
-        assert any(start <= call.token_start < call.token_end <= end for start, end in zip(bounds, bounds[1:]))
+        assert any(start <= call.token_start < call.token_end <= end for start, end in itertools.pairwise(bounds))
         assert all(mask[call.token_start : call.token_end - 1])  # (an action cut at its budget ends with an environment token)
 
     batch = collate([trajectory], [1.0])

@@ -601,7 +601,7 @@ async def test_disk_quota_and_file_size_limit(client, snapshot, sandbox_settings
         big = await box.run("dd if=/dev/zero of=/tmp/big bs=1M count=8", timeout_s=30)
         assert not big.ok and big.limit == "file_size", big
         now = free_bytes(Path("/")), free_bytes(root)
-        assert all(abs(a - b) < 64 * MiB for a, b in zip(host_free, now)), (host_free, now)
+        assert all(abs(a - b) < 64 * MiB for a, b in zip(host_free, now, strict=True)), (host_free, now)
         # The other session has its own quota; this one recovers once the files are gone.
         assert (await other.tool("create_file", path="notes.txt", content="x" * MiB)).ok
         assert (await box.run("rm -f fill* yes.txt huge", timeout_s=30)).ok

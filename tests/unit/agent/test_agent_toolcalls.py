@@ -111,7 +111,7 @@ def test_smollm2_asked_to_fix_a_bug_answers_with_a_valid_tool_call() -> None:
     grammar = ToolCallGrammar(tokenizer, vocab_size=model.cfg.vocab_size, max_chars=64)
     prompt = render_prompt(tokenizer, [{"role": "user", "content": "The function add in calc/ops.py is wrong. Look at it."}])
     action, recorded = sample_action(model, grammar, prompt, seed=0)
-    name, arguments = grammar.parse(tokenizer.decode(action))
+    name, _arguments = grammar.parse(tokenizer.decode(action))
     assert name in {t["function"]["name"] for t in TOOLS} and len(recorded) == len(action)
 
 

@@ -68,7 +68,7 @@ def test_a_change_the_byte_level_agent_cannot_express_is_refused() -> None:
     files = {"m.py": "x = 1\ny = 2\nz = 3\n"}
     with pytest.raises(DemonstrationError, match="multi-line edit"):
         reference_actions(patch, files, byte_level=True)
-    (read, replace, *_) = reference_actions(patch, files, byte_level=False)
+    (_read, replace, *_) = reference_actions(patch, files, byte_level=False)
     assert replace.arguments == {"path": "m.py", "old": "y = 2\nz = 3", "new": "y = 3\nz = 2"}
 
 
@@ -79,7 +79,7 @@ CONVERSATION = {
         {"role": "assistant", "tool_calls": [{"function": {"name": "read_file", "arguments": '{"path": "calc.py"}'}}]},
         {"role": "tool", "content": "def add(a, b):\n    return a - b\n"},
         {"role": "assistant", "tool_calls": [{"function": {"name": "replace", "arguments": {
-            "path": "calc.py", "old": "return a - b", "new": "return a + b"}}}]},  # fmt: skip
+            "path": "calc.py", "old": "return a - b", "new": "return a + b"}}}]},
         {"role": "tool", "content": "calc.py: replaced; new text at lines 2-2"},
         {"role": "assistant", "content": "Fixed.", "tool_calls": [{"function": {"name": "submit", "arguments": "{}"}}]},
     ]
@@ -101,14 +101,14 @@ def test_an_imported_conversation_plays_in_the_byte_level_format() -> None:
     trajectory = play(Teacher(episode.actions, agent=CONFIG.agent, max_context=2048), episode)
     assert trajectory.finish_reason == "submitted"
     tokens, mask = unpack("u32", trajectory.tokens), unpack("u8", trajectory.loss_mask)
-    trained = tokenizer.decode([t for t, m in zip(tokens, mask) if m])
+    trained = tokenizer.decode([t for t, m in zip(tokens, mask, strict=True) if m])
     assert trained == (
         "<tool:read_file>calc.py<end><tool:replace>calc.py\nreturn a - b\nreturn a + b<end><tool:submit>"
     )
     text = tokenizer.decode(tokens)
     assert "<obs>def add(a, b):" in text and "Task: add() subtracts" in text and "ignored" not in text
     constraints = unpack("u8", trajectory.constraints)
-    assert {c for c, m in zip(constraints, mask) if m} == {grammar.TOOL, grammar.ARGS}
+    assert {c for c, m in zip(constraints, mask, strict=True) if m} == {grammar.TOOL, grammar.ARGS}
 
 
 def test_an_imported_conversation_plays_in_a_chat_models_format(tokenizer) -> None:
@@ -122,7 +122,7 @@ def test_an_imported_conversation_plays_in_a_chat_models_format(tokenizer) -> No
     # The trainer's replay of the grammar allows every trained token: its logprob is finite.
     masks = calls.replay_masks(tokens, [c == grammar.TOOL_CALL for c in constraints])
     assert all(masks[t, token] for t, token in enumerate(tokens) if mask[t])
-    actions = tokenizer.decode([t for t, m in zip(tokens, mask) if m])
+    actions = tokenizer.decode([t for t, m in zip(tokens, mask, strict=True) if m])
     assert actions.count("<tool_call>") == 3 and '"return a + b"' in actions and actions.endswith(tokenizer.eos_token)
     assert "def add(a, b)" in tokenizer.decode(tokens)
 
@@ -144,7 +144,7 @@ def test_a_demonstration_over_the_agent_budget_is_refused() -> None:
         ("not json", "line 1: not a chat conversation"),
         (json.dumps({"messages": [{"role": "assistant", "content": "hi"}]}), "line 1: not a chat"),
         (json.dumps({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
-            {"function": {"name": "rm_rf", "arguments": {}}}]}]}), "line 1: unknown tools"),  # fmt: skip
+            {"function": {"name": "rm_rf", "arguments": {}}}]}]}), "line 1: unknown tools"),
     ],
 )
 def test_malformed_imports_name_their_line(line, message) -> None:

@@ -22,7 +22,7 @@ def calls(*named: tuple[str, bool]) -> list[messages.ToolCall]:
         messages.ToolCall(
             index=i, name=name, arguments="{}", ok=ok, output="", duration_s=0.1,
             token_start=0, token_end=1, policy_version=0,
-        )  # fmt: skip
+        )
         for i, (name, ok) in enumerate(named)
     ]
 

@@ -38,7 +38,7 @@ def _as_kubernetes(doc: dict[str, Any]) -> list[dict[str, Any]]:
         return [doc]
     return [
         {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"{doc['metadata']['name']}-{group}"},
-         "template": template}  # fmt: skip
+         "template": template}
         for group, template in ray_pod_templates(doc).items()
     ]
 

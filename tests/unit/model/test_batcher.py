@@ -62,7 +62,7 @@ def one_at_a_time(model) -> list[Seq]:
     batcher = ContinuousBatcher(max_context=128, max_slots=1, prefill_chunk=16)
     batcher.swap(model, 0)
     out = []
-    for prompt, n in zip(PROMPTS, LENGTHS):
+    for prompt, n in zip(PROMPTS, LENGTHS, strict=True):
         seq = Seq(prompt)
         batcher.run(seq, greedy(seq, n))
         batcher.release(seq)
@@ -78,14 +78,14 @@ def test_batched_equals_one_at_a_time_with_sequences_joining_and_leaving(model):
     first_half = [Seq(p) for p in PROMPTS[:3]]
     started = threading.Event()
     futures = [batcher.submit(s, greedy(s, n, started=started if i == 0 else None))
-               for i, (s, n) in enumerate(zip(first_half, LENGTHS[:3]))]  # fmt: skip
+               for i, (s, n) in enumerate(zip(first_half, LENGTHS[:3], strict=True))]  # fmt: skip
     assert started.wait(timeout=60), "the first sequences never decoded"
     second_half = [Seq(p) for p in PROMPTS[3:]]  # join while the first ones decode
-    futures += [batcher.submit(s, greedy(s, n)) for s, n in zip(second_half, LENGTHS[3:])]
+    futures += [batcher.submit(s, greedy(s, n)) for s, n in zip(second_half, LENGTHS[3:], strict=True)]
     assert [f.result(timeout=120) for f in futures] == [None] * len(PROMPTS)
     batched = first_half + second_half
     assert batcher.stats.decode_rows > batcher.stats.steps, "nothing was ever decoded together"
-    for a, b in zip(alone, batched):
+    for a, b in zip(alone, batched, strict=True):
         assert a.tokens == b.tokens
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
         assert a.routes == b.routes
@@ -170,7 +170,7 @@ def test_a_swap_lands_between_steps_and_each_token_knows_its_version(model):
     assert future.result(timeout=60) is None
     assert seq.versions == [0, 0, 0, 1, 1, 1, 1, 1]
     # a new sequence does not share a prefix computed by the old weights
-    other = Seq(seq.tokens[:-1] + [9])
+    other = Seq([*seq.tokens[:-1], 9])
     batcher.run(other, greedy(other, 1))
     assert batcher.stats.shared_tokens == 0
     batcher.close()

@@ -210,7 +210,7 @@ def test_a_truncated_gguf_is_a_clear_error(tmp_path: Path) -> None:
 
     truncated = tmp_path / "cut.gguf"
     truncated.write_bytes(package_file("smollm2-135m-instruct").read_bytes()[:4096])
-    with pytest.raises(CheckpointError, match="cut.gguf: not a readable GGUF checkpoint"):
+    with pytest.raises(CheckpointError, match=r"cut\.gguf: not a readable GGUF checkpoint"):
         load_pretrained(truncated)
 
 

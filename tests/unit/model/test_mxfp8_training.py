@@ -52,5 +52,5 @@ def test_mxfp8_loss_tracks_bf16():
     batches = _batches(STEPS)
     bf16, mx = _means(_train("bf16", batches)), _means(_train("mxfp8", batches))
     assert bf16[-1] < 2.2 and mx[-1] < 2.2, (bf16, mx)  # both learned (ln 320 = 5.77 at the start)
-    gaps = [abs(m - b) / b for m, b in zip(mx, bf16)]
+    gaps = [abs(m - b) / b for m, b in zip(mx, bf16, strict=True)]
     assert max(gaps) < TOLERANCE, (gaps, bf16, mx)

@@ -40,7 +40,7 @@ def test_async_hides_the_trainer_behind_the_rollouts():
                 Costs(group_s=20.0, grade_s=2.0, step_s=5.0, publish_s=1.0, load_s=0.5),
                 Costs(group_s=3.0, grade_s=1.0, step_s=30.0, publish_s=4.0, load_s=2.0),
                 Costs(group_s=7.0, grade_s=5.0, step_s=7.0, publish_s=0.0, load_s=7.0),
-            ],  # fmt: skip
+            ],
             [1, 3, 8],
             [1, 4],
         )

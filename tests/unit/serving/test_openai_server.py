@@ -108,7 +108,7 @@ def test_sampled_completions_are_seeded_and_their_logprobs_are_the_sampled_distr
     outs = [c.model_extra["token_ids"] for c in first.choices]
     assert outs == [c.model_extra["token_ids"] for c in again.choices]  # same seed, same tokens
     assert len({tuple(o) for o in outs}) > 1  # the n choices are sampled apart
-    for choice, tokens in zip(first.choices, outs):
+    for choice, tokens in zip(first.choices, outs, strict=True):
         assert choice.model_extra["prompt_token_ids"] == prompt
         logp = torch.log_softmax(model_logprobs(model, prompt, tokens) / 0.7, dim=-1)  # temperature applied
         expected = logp.gather(-1, torch.tensor(tokens)[:, None])[:, 0]
