@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import statistics
 import tempfile
@@ -138,9 +139,9 @@ def swap_pause(v0: dict[str, torch.Tensor], v1: dict[str, torch.Tensor], *, sequ
 
     decode(None)  # warm-up
     plain, _ = decode(None)
-    steps = [b - a for seq in plain for a, b in zip(seq.stamps[1:], seq.stamps[2:])]
+    steps = [b - a for seq in plain for a, b in itertools.pairwise(seq.stamps[1:])]
     swapped, (start, end) = decode(1)
-    gaps = [b - a for seq in swapped for a, b in zip(seq.stamps, seq.stamps[1:]) if b > start and a < end]
+    gaps = [b - a for seq in swapped for a, b in itertools.pairwise(seq.stamps) if b > start and a < end]
     during = sum(1 for t in swapped[0].stamps if start < t < end)
     engine.close()
     assert all(seq.versions[-1] == 1 for seq in swapped), "the swap did not reach the decoding sequences"
@@ -157,7 +158,7 @@ def swap_pause(v0: dict[str, torch.Tensor], v1: dict[str, torch.Tensor], *, sequ
 async def measure(args: argparse.Namespace, settings: Settings) -> dict:
     v0, v1, params = await asyncio.to_thread(rl_step, args.weights, args.tokens)
     changed = sum(
-        int((a.view(torch.int16) != b.view(torch.int16)).sum()) for a, b in zip(v0.values(), v1.values())
+        int((a.view(torch.int16) != b.view(torch.int16)).sum()) for a, b in zip(v0.values(), v1.values(), strict=True)
     )
     async with running("checkpoints", settings, setup) as rt:
         run_id = f"bench-{uuid.uuid4().hex[:8]}"

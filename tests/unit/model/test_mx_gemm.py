@@ -62,4 +62,4 @@ def test_grouped_gemm_equals_per_expert_linears_with_groups_padded_to_32():
 
 
 def test_padded_rows_start_every_group_on_a_block_boundary():
-    assert padded_rows([3, 0, 33, 1]).tolist() == [0, 1, 2] + list(range(32, 65)) + [96]
+    assert padded_rows([3, 0, 33, 1]).tolist() == [0, 1, 2, *range(32, 65), 96]
