@@ -50,7 +50,9 @@ async def raw_round(url: str, payloads: list[bytes], name: str) -> tuple[float, 
     for i, data in enumerate(payloads):
         await js.publish(f"rollouts.{name}", data, headers={"Nats-Msg-Id": f"{name}-{i}"})
     publish_s = time.perf_counter() - t0
-    config = ConsumerConfig(durable_name=name, ack_policy=AckPolicy.EXPLICIT, filter_subject=f"rollouts.{name}")
+    config = ConsumerConfig(
+        durable_name=name, ack_policy=AckPolicy.EXPLICIT, filter_subject=f"rollouts.{name}"
+    )
     sub = await js.pull_subscribe(f"rollouts.{name}", durable=name, stream=subjects.ROLLOUTS, config=config)
     t0, got = time.perf_counter(), 0
     while got < len(payloads):
@@ -78,8 +80,13 @@ async def bus_round(url: str, messages: list[Trajectory], name: str) -> tuple[fl
 
     t0 = time.perf_counter()
     await bus.consume(
-        stream=subjects.ROLLOUTS, durable=name, filter_subject=f"rollouts.{name}", handler=handler,
-        message_type=Trajectory, stop=stop, batch=64,
+        stream=subjects.ROLLOUTS,
+        durable=name,
+        filter_subject=f"rollouts.{name}",
+        handler=handler,
+        message_type=Trajectory,
+        stop=stop,
+        batch=64,
     )
     consume_s = time.perf_counter() - t0
     await bus.close()
@@ -108,12 +115,20 @@ async def main(messages: int, tokens: int, rounds: int) -> None:
             bus_pub, bus_con = (statistics.median(x) for x in zip(*bus, strict=True))
         finally:
             server.stop()
-    print(f"{messages} trajectories of {tokens} tokens ({size / 1024:.1f} KiB each), median of {rounds} rounds")
-    print(f"publish (ack per message): raw {messages / raw_pub:8.0f} msg/s   bus {messages / bus_pub:8.0f} msg/s"
-          f"   bus/raw {raw_pub / bus_pub:.2f}")
-    print(f"consume (decode + ack):    raw {messages / raw_con:8.0f} msg/s   bus {messages / bus_con:8.0f} msg/s"
-          f"   bus/raw {raw_con / bus_con:.2f}")
-    print(f"publish throughput: raw {messages * size / raw_pub / 2**20:.1f} MiB/s, bus {messages * size / bus_pub / 2**20:.1f} MiB/s")
+    print(
+        f"{messages} trajectories of {tokens} tokens ({size / 1024:.1f} KiB each), median of {rounds} rounds"
+    )
+    print(
+        f"publish (ack per message): raw {messages / raw_pub:8.0f} msg/s   bus {messages / bus_pub:8.0f} msg/s"
+        f"   bus/raw {raw_pub / bus_pub:.2f}"
+    )
+    print(
+        f"consume (decode + ack):    raw {messages / raw_con:8.0f} msg/s   bus {messages / bus_con:8.0f} msg/s"
+        f"   bus/raw {raw_con / bus_con:.2f}"
+    )
+    print(
+        f"publish throughput: raw {messages * size / raw_pub / 2**20:.1f} MiB/s, bus {messages * size / bus_pub / 2**20:.1f} MiB/s"
+    )
 
 
 if __name__ == "__main__":

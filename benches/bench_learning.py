@@ -66,7 +66,9 @@ class Stack:
             if run["status"] == "failed":
                 raise RuntimeError(f"run {name} failed: {run['error']}")
             if run["status"] == "finished":
-                evals = self.client.get(f"/v1/runs/{run['run_id']}/evals", params={"limit": 100}).json()["items"]
+                evals = self.client.get(f"/v1/runs/{run['run_id']}/evals", params={"limit": 100}).json()[
+                    "items"
+                ]
                 if evals and all(e["status"] in ("finished", "failed") for e in evals):
                     return {**run, "evals": evals}
             time.sleep(2.0)
@@ -80,7 +82,9 @@ class Stack:
 
     def steps_of(self, run: dict[str, Any]) -> dict[int, int]:
         """version -> optimizer step it was published at."""
-        items = self.client.get(f"/v1/runs/{run['run_id']}/checkpoints", params={"limit": 500}).json()["items"]
+        items = self.client.get(f"/v1/runs/{run['run_id']}/checkpoints", params={"limit": 500}).json()[
+            "items"
+        ]
         return {c["version"]: c["step"] for c in items}
 
 
@@ -100,7 +104,9 @@ def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any
         "eval": {"split": "test", "samples": args.samples, "max_tasks": 1000, "at_end": True},
     }
     sft = {"tasks": 1000, "batch_size": args.batch, "learning_rate": args.sft_lr}
-    warm = stack.run(f"warm-{seed}", {**base, "sft": {**sft, "steps": args.sft_steps}, "schedule": {"max_steps": 0}})
+    warm = stack.run(
+        f"warm-{seed}", {**base, "sft": {**sft, "steps": args.sft_steps}, "schedule": {"max_steps": 0}}
+    )
     start = point(warm["evals"][-1])
     init = f"{warm['run_id']}@0"
     schedule = {"group_size": args.group_size, "groups_per_step": args.groups, "max_steps": args.rl_steps,
@@ -114,7 +120,11 @@ def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any
     rl_curve = [
         {"step": 0, **start},
         *sorted(
-            ({"step": steps.get(e["version"], e["version"]), **point(e)} for e in rl["evals"] if e["status"] == "finished"),
+            (
+                {"step": steps.get(e["version"], e["version"]), **point(e)}
+                for e in rl["evals"]
+                if e["status"] == "finished"
+            ),
             key=lambda p: p["step"],
         ),
     ]
@@ -164,7 +174,9 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--model", default="tiny", help="model.source, e.g. package:smollm2-135m-instruct.")
     parser.add_argument("--torch-threads", type=int, default=1, help="Per rollout and trainer process.")
-    parser.add_argument("--tasks-per-difficulty", type=int, default=60, help="Generated difficulty-1 tasks (1/5 test).")
+    parser.add_argument(
+        "--tasks-per-difficulty", type=int, default=60, help="Generated difficulty-1 tasks (1/5 test)."
+    )
     parser.add_argument("--sft-steps", type=int, default=300)
     parser.add_argument("--sft-lr", type=float, default=3e-3)
     parser.add_argument("--batch", type=int, default=8)
@@ -172,17 +184,26 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--eval-every", type=int, default=2, help="RL evaluations every this many versions.")
-    parser.add_argument("--shaping", type=float, default=0.0,
-                        help="reward.shaping of the RL arm: pays successful tool calls of an episode that changed the repository.")
+    parser.add_argument(
+        "--shaping",
+        type=float,
+        default=0.0,
+        help="reward.shaping of the RL arm: pays successful tool calls of an episode that changed the repository.",
+    )
     parser.add_argument("--samples", type=int, default=2, help="Sampled evaluation episodes per task.")
     parser.add_argument("--timeout", type=float, default=1200.0, help="Seconds per run.")
     parser.add_argument("--plot", type=Path, default=Path("docs/learning.png"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     started = time.monotonic()
-    catalog = {"CRUCIBLE_TASKS_PER_DIFFICULTY": str(args.tasks_per_difficulty), "CRUCIBLE_DIFFICULTIES": "[1]"}
+    catalog = {
+        "CRUCIBLE_TASKS_PER_DIFFICULTY": str(args.tasks_per_difficulty),
+        "CRUCIBLE_DIFFICULTIES": "[1]",
+    }
     context = {"CRUCIBLE_MAX_CONTEXT": MAX_CONTEXT, "CRUCIBLE_TORCH_THREADS": str(args.torch_threads)}
-    with LocalStack(api_port=0, service_env={"catalog": catalog, "rollout": context, "trainer": context}) as local:
+    with LocalStack(
+        api_port=0, service_env={"catalog": catalog, "rollout": context, "trainer": context}
+    ) as local:
         stack = Stack(local, args.timeout)
         results = [one_seed(stack, seed, args) for seed in range(args.seeds)]
     final = {arm: [r[arm][-1] for r in results] for arm in ("rl", "control")}
@@ -193,11 +214,15 @@ def main() -> None:
     summary = {
         "rl_resolved": round(k1 / max(n1, 1), 4),
         "control_resolved": round(k2 / max(n2, 1), 4),
-        "rl_train_resolved_first_last": [[r["rl_train"][0]["resolved"], r["rl_train"][-1]["resolved"]] for r in results
-                                         if r["rl_train"]],
-        "rl_train_reward_first_last": [[r["rl_train"][0]["reward"], r["rl_train"][-1]["reward"]] for r in results
-                                       if r["rl_train"]],
-        "start_resolved": round(sum(r["rl"][0]["k"] for r in results) / max(sum(r["rl"][0]["n"] for r in results), 1), 4),
+        "rl_train_resolved_first_last": [
+            [r["rl_train"][0]["resolved"], r["rl_train"][-1]["resolved"]] for r in results if r["rl_train"]
+        ],
+        "rl_train_reward_first_last": [
+            [r["rl_train"][0]["reward"], r["rl_train"][-1]["reward"]] for r in results if r["rl_train"]
+        ],
+        "start_resolved": round(
+            sum(r["rl"][0]["k"] for r in results) / max(sum(r["rl"][0]["n"] for r in results), 1), 4
+        ),
         "lift_points": round(100 * (k1 / max(n1, 1) - k2 / max(n2, 1)), 2),
         "lift_ci_low": round(100 * low, 2),
         "lift_ci_high": round(100 * high, 2),

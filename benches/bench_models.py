@@ -100,19 +100,27 @@ def main() -> None:
         print(json.dumps(measure(*args.child, args)))
         return
     argv = [f"--{k}={getattr(args, k)}" for k in ("seq", "batch", "reps", "prompt", "new", "threads")]
-    results = {f"{impl}_{what}": _child(impl, what, argv) for what in ("train", "decode") for impl in ("crucible", "transformers")}
+    results = {
+        f"{impl}_{what}": _child(impl, what, argv)
+        for what in ("train", "decode")
+        for impl in ("crucible", "transformers")
+    }
     summary = {
         "model": SOURCE,
         **results,
-        "train_over_transformers": results["crucible_train"]["tokens_per_s"] / results["transformers_train"]["tokens_per_s"],
-        "decode_over_transformers": results["crucible_decode"]["tokens_per_s"] / results["transformers_decode"]["tokens_per_s"],
+        "train_over_transformers": results["crucible_train"]["tokens_per_s"]
+        / results["transformers_train"]["tokens_per_s"],
+        "decode_over_transformers": results["crucible_decode"]["tokens_per_s"]
+        / results["transformers_decode"]["tokens_per_s"],
     }
     if args.json:
         print(json.dumps(summary, indent=2))
         return
     for key, row in results.items():
         print(f"{key:22s} {row['tokens_per_s']:9.1f} tokens/s  peak {row['peak_rss_mb']:7.0f} MB")
-    print(f"ratios: train {summary['train_over_transformers']:.2f}x, decode {summary['decode_over_transformers']:.2f}x")
+    print(
+        f"ratios: train {summary['train_over_transformers']:.2f}x, decode {summary['decode_over_transformers']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

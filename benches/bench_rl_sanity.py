@@ -136,7 +136,9 @@ def run_arm(*, loss: str, seed: int, steps: int, control: bool, eval_every: int 
                 rng.shuffle(rewards)
             advantages += group_advantages(torch.tensor(rewards), estimator=config.optim.advantage).tolist()
             graded += [
-                GradedTrajectory(trajectory=t, reward=Reward(total=r, tests_passed=0, tests_total=0), graded_at=0.0)
+                GradedTrajectory(
+                    trajectory=t, reward=Reward(total=r, tests_passed=0, tests_total=0), graded_at=0.0
+                )
                 for t, r in zip(group, rewards, strict=True)
             ]
         policy.train([g.trajectory for g in graded], advantages)
@@ -149,7 +151,9 @@ def run_arm(*, loss: str, seed: int, steps: int, control: bool, eval_every: int 
         if evaluate:
             accuracy.append((step, greedy_accuracy(model, held_out, temperature=temperature)))
     policy.close()
-    return ArmResult(loss=loss, seed=seed, control=control, accuracy=accuracy, seconds=time.perf_counter() - started)
+    return ArmResult(
+        loss=loss, seed=seed, control=control, accuracy=accuracy, seconds=time.perf_counter() - started
+    )
 
 
 def main() -> None:

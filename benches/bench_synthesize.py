@@ -40,9 +40,14 @@ def main() -> None:
     from crucible.localstack import LocalStack
 
     results = {}
-    with tempfile.TemporaryDirectory() as tmp, LocalStack(services=("sandbox",), state_dir=Path(tmp) / "stack") as stack:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalStack(services=("sandbox",), state_dir=Path(tmp) / "stack") as stack,
+    ):
         env = {**os.environ, **stack.settings_env}
-        subprocess.run([sys.executable, "-m", "crucible.db", "upgrade"], env=env, check=True, capture_output=True)
+        subprocess.run(
+            [sys.executable, "-m", "crucible.db", "upgrade"], env=env, check=True, capture_output=True
+        )
         for project, tests in PROJECTS.items():
             [archive] = sorted(SDISTS.glob(f"{project}-*.tar.gz"))[-1:]
             with tarfile.open(archive) as tar:
@@ -53,7 +58,9 @@ def main() -> None:
                              json.dumps({"pytest_args": ["-q", "-p", "no:cacheprovider", tests], "timeout_s": 600}),
                              env={**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})  # fmt: skip
             suite_s = time.monotonic() - started
-            run = crucible("tasks", "synthesize", str(root), "--max-tasks", str(args.max_tasks), "--json", env=env)
+            run = crucible(
+                "tasks", "synthesize", str(root), "--max-tasks", str(args.max_tasks), "--json", env=env
+            )
             if run.returncode not in (0, 1):
                 raise SystemExit(f"synthesize failed on {project}: {run.stderr[-2000:]}")
             report = json.loads(run.stdout)

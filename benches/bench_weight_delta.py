@@ -109,7 +109,9 @@ class _Decoding:
         return self.left == 0
 
 
-def swap_pause(v0: dict[str, torch.Tensor], v1: dict[str, torch.Tensor], *, sequences: int = 4, tokens: int = 48) -> dict:
+def swap_pause(
+    v0: dict[str, torch.Tensor], v1: dict[str, torch.Tensor], *, sequences: int = 4, tokens: int = 48
+) -> dict:
     """Decode `sequences` sequences on the engine, once without a swap and once with version 1 swapped in
     while they decode (started after a few steps)."""
     import threading
@@ -158,7 +160,8 @@ def swap_pause(v0: dict[str, torch.Tensor], v1: dict[str, torch.Tensor], *, sequ
 async def measure(args: argparse.Namespace, settings: Settings) -> dict:
     v0, v1, params = await asyncio.to_thread(rl_step, args.weights, args.tokens)
     changed = sum(
-        int((a.view(torch.int16) != b.view(torch.int16)).sum()) for a, b in zip(v0.values(), v1.values(), strict=True)
+        int((a.view(torch.int16) != b.view(torch.int16)).sum())
+        for a, b in zip(v0.values(), v1.values(), strict=True)
     )
     async with running("checkpoints", settings, setup) as rt:
         run_id = f"bench-{uuid.uuid4().hex[:8]}"

@@ -73,7 +73,9 @@ def edge_blocks() -> torch.Tensor:
 
 
 def same_bits(a: tuple[torch.Tensor, torch.Tensor], b: tuple[torch.Tensor, torch.Tensor]) -> bool:
-    return all(torch.equal(x.cpu().view(torch.uint8), y.cpu().view(torch.uint8)) for x, y in zip(a, b, strict=True))
+    return all(
+        torch.equal(x.cpu().view(torch.uint8), y.cpu().view(torch.uint8)) for x, y in zip(a, b, strict=True)
+    )
 
 
 def same_values(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -159,7 +161,9 @@ def check_gemms(dev: str) -> None:
     loop = torch.cat(
         [
             xb[a : a + c].bfloat16() @ wb[e].bfloat16().T
-            for e, (a, c) in enumerate(zip([0, *torch.tensor(counts).cumsum(0).tolist()[:-1]], counts, strict=True))
+            for e, (a, c) in enumerate(
+                zip([0, *torch.tensor(counts).cumsum(0).tolist()[:-1]], counts, strict=True)
+            )
         ]
     )
     err = ((fast.float() - loop.float()).norm() / loop.float().norm()).item()

@@ -20,7 +20,11 @@ TORCHLESS = Path(__file__).resolve().parent / "torchless.py"
 
 def start_api(settings: CommonSettings, log: Path) -> subprocess.Popen[bytes]:
     """Start the api with `settings` as its CRUCIBLE_* environment and torch unimportable."""
-    values = {f"CRUCIBLE_{key.upper()}": str(value) for key, value in settings.model_dump().items() if value is not None}
+    values = {
+        f"CRUCIBLE_{key.upper()}": str(value)
+        for key, value in settings.model_dump().items()
+        if value is not None
+    }
     with log.open("wb") as out:
         return subprocess.Popen(
             [sys.executable, str(TORCHLESS), "services.api"],

@@ -32,7 +32,9 @@ def settings_env(settings) -> dict[str, str]:  # any pydantic settings
     return env
 
 
-async def crucible_async(*args: str, env: dict[str, str] | None = None, timeout: float = 300) -> tuple[int, str, str]:
+async def crucible_async(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 300
+) -> tuple[int, str, str]:
     """`crucible` in a subprocess without blocking the event loop (for tests whose services run in it)."""
     import asyncio
 

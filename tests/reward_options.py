@@ -8,5 +8,7 @@ from crucible.contracts.runconfig import RewardSection
 
 OPTIONS = [
     RewardSection(kind=kind, shaping=s, pass_to_pass_penalty=p, length_penalty=length, tool_error_penalty=e)
-    for kind, s, p, length, e in itertools.product(("resolved", "fail_to_pass"), (0, 1), (0, 1), (0, 1), (0, 1))
+    for kind, s, p, length, e in itertools.product(
+        ("resolved", "fail_to_pass"), (0, 1), (0, 1), (0, 1), (0, 1)
+    )
 ]

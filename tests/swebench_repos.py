@@ -40,7 +40,7 @@ def sign(x):
 def double(x):
     return 2 * x
 ''',
-    "tests/test_ops.py": '''from mathkit.ops import double
+    "tests/test_ops.py": """from mathkit.ops import double
 
 
 def test_double():
@@ -49,7 +49,7 @@ def test_double():
 
 def test_double_negative():
     assert double(-2) == -4
-''',
+""",
     "pyproject.toml": '[project]\nname = "mathkit"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\npythonpath = ["."]\n',
 }
 MATHKIT_FIXES = {
@@ -73,12 +73,12 @@ def title(text):
 def shout(text):
     return text.upper() + "!"
 ''',
-    "tests/test_words.py": '''from textkit.words import shout
+    "tests/test_words.py": """from textkit.words import shout
 
 
 def test_shout():
     assert shout("hi") == "HI!"
-''',
+""",
     "pyproject.toml": '[project]\nname = "textkit"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\npythonpath = ["."]\n',
 }
 TEXTKIT_FIXES = {
@@ -90,7 +90,9 @@ TEXTKIT_FIXES = {
 def git(repo: Path, *args: str) -> str:
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
            "GIT_COMMITTER_EMAIL": "t@example.invalid", "HOME": str(repo), "PATH": "/usr/bin:/bin"}  # fmt: skip
-    proc = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, check=True)
+    proc = subprocess.run(
+        ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, check=True
+    )
     return proc.stdout
 
 
@@ -125,7 +127,9 @@ def _instances(repo: Path, name: str, commit: str, module: str, fixes: dict, p2p
         package, stem = module.removesuffix(".py").split("/")
 
         def add_test(test_file=test_file, function=function, check=check, package=package, stem=stem) -> None:
-            (repo / test_file).write_text(f"from {package}.{stem} import {function}\n\n\ndef test_{function}():\n    {check}\n")
+            (repo / test_file).write_text(
+                f"from {package}.{stem} import {function}\n\n\ndef test_{function}():\n    {check}\n"
+            )
 
         out.append({
             "instance_id": f"{name.replace('/', '__')}-{function}",

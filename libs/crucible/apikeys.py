@@ -93,7 +93,9 @@ async def list_keys(session: AsyncSession) -> list[KeyInfo]:
     return [_info(row) for row in rows]
 
 
-def make_key(database_url: str, *, scope: Scope = "admin", name: str = "local", reuse: Path | None = None) -> str:
+def make_key(
+    database_url: str, *, scope: Scope = "admin", name: str = "local", reuse: Path | None = None
+) -> str:
     """A token of a new key in the database at `database_url`; with `reuse`, the token in that file
     instead when it is a live key of this scope there."""
     from crucible.db import make_engine, make_sessionmaker

@@ -113,5 +113,7 @@ def write_server_config(folder: Path, *, bucket: str = "crucible") -> Path:
     (path.parent / "minio").mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(authorization(ensure_identities(folder)), indent=2) + "\n")
     for service in OBJECT_GRANTS:
-        (path.parent / "minio" / f"{service}.json").write_text(json.dumps(aws_policy(service, bucket), indent=2) + "\n")
+        (path.parent / "minio" / f"{service}.json").write_text(
+            json.dumps(aws_policy(service, bucket), indent=2) + "\n"
+        )
     return path

@@ -57,7 +57,11 @@ class ObjectStore:
 
     @classmethod
     def from_settings(cls, settings: CommonSettings) -> ObjectStore:
-        verify: dict[str, Any] = {"cert_reqs": "CERT_REQUIRED", "ca_certs": str(settings.s3_ca_file)} if settings.s3_ca_file else {}
+        verify: dict[str, Any] = (
+            {"cert_reqs": "CERT_REQUIRED", "ca_certs": str(settings.s3_ca_file)}
+            if settings.s3_ca_file
+            else {}
+        )
         http = urllib3.PoolManager(
             timeout=urllib3.Timeout(connect=5, read=60),
             maxsize=16,
@@ -84,7 +88,9 @@ class ObjectStore:
             return await asyncio.to_thread(call)
         except S3Error as exc:
             if exc.code == "AccessDenied":
-                raise AccessRefused(f"the object store refused this key {exc.resource or ''}: {exc.message}") from exc
+                raise AccessRefused(
+                    f"the object store refused this key {exc.resource or ''}: {exc.message}"
+                ) from exc
             raise Unavailable(f"object store refused: {exc.code}: {exc.message}") from exc
         except (MinioException, urllib3.exceptions.HTTPError, OSError) as exc:
             raise Unavailable(f"object store unreachable: {type(exc).__name__}: {exc}") from exc
@@ -120,12 +126,19 @@ class ObjectStore:
 
         await self._run(run)
 
-    async def put_bytes(self, key: str, data: bytes, *, content_type: str = "application/octet-stream") -> ObjectRef:
+    async def put_bytes(
+        self, key: str, data: bytes, *, content_type: str = "application/octet-stream"
+    ) -> ObjectRef:
         digest = hashlib.sha256(data).hexdigest()
 
         def run() -> None:
             self.client.put_object(
-                self.bucket, key, io.BytesIO(data), len(data), content_type=content_type, metadata={"sha256": digest}
+                self.bucket,
+                key,
+                io.BytesIO(data),
+                len(data),
+                content_type=content_type,
+                metadata={"sha256": digest},
             )
 
         await self._run(run)
@@ -156,7 +169,9 @@ class ObjectStore:
         if verify and isinstance(ref, ObjectRef):
             digest = hashlib.sha256(data).hexdigest()
             if digest != ref.sha256 or len(data) != ref.size:
-                raise IntegrityError(f"{uri}: sha256 {digest} size {len(data)}, expected {ref.sha256} size {ref.size}")
+                raise IntegrityError(
+                    f"{uri}: sha256 {digest} size {len(data)}, expected {ref.sha256} size {ref.size}"
+                )
         return data
 
     async def digest(self, ref: ObjectRef | str, *, chunk_bytes: int = 8 << 20) -> tuple[str, int]:

@@ -24,7 +24,8 @@ log = structlog.get_logger("crucible.outage")
 FIRST_RETRY_S, MAX_RETRY_S = 1.0, 30.0
 
 RETRIES = Counter(
-    "crucible_outage_retries_total", "Work tried again because a dependency was unavailable, by what it was",
+    "crucible_outage_retries_total",
+    "Work tried again because a dependency was unavailable, by what it was",
     ["work"],
 )
 

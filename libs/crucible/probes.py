@@ -87,7 +87,11 @@ def mismatch(expected: Expected, probed: Probed | None) -> str:
         return f"the probe's value is not a plain literal: {probed.unusable}"[:300]
     if expected.error is not None:
         if probed.raised is not None:
-            return "" if probed.raised == expected.error else f"raised {probed.raised[:100]}, not the expected error"
+            return (
+                ""
+                if probed.raised == expected.error
+                else f"raised {probed.raised[:100]}, not the expected error"
+            )
         return "returned a value where an error was expected"
     if probed.raised is not None:
         return f"raised {probed.raised[:100]} where a value was expected"

@@ -230,7 +230,9 @@ async def running(
 def run_service(name: str, settings_cls: type[S], setup: Callable[[Runtime[S]], Awaitable[None]]) -> None:
     """Entry point of `python -m services.<name>`."""
     settings = load_settings(settings_cls)
-    configure_logging(service=name, replica=settings.replica, level=settings.log_level, json=settings.log_json)
+    configure_logging(
+        service=name, replica=settings.replica, level=settings.log_level, json=settings.log_json
+    )
     try:
         asyncio.run(run(name, settings, setup))
     except Exception as exc:

@@ -38,9 +38,7 @@ def upgrade() -> None:
     op.create_table(
         "evaluations",
         sa.Column("eval_id", sa.String(64), nullable=False),
-        sa.Column(
-            "run_id", sa.String(64), sa.ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False
-        ),
+        sa.Column("run_id", sa.String(64), sa.ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
         sa.Column("version", sa.Integer(), nullable=False),
         sa.Column("taskset", sa.String(100), nullable=False),
         sa.Column("split", sa.String(16), nullable=False),

@@ -22,7 +22,9 @@ from rich.table import Table
 
 tasks_app = typer.Typer(help="Import and synthesize task sets from real repositories.", no_args_is_help=True)
 
-TasksetOption = Annotated[str, typer.Option("--taskset", help="Name of the task set (replaced if it exists).")]
+TasksetOption = Annotated[
+    str, typer.Option("--taskset", help="Name of the task set (replaced if it exists).")
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 TimeoutOption = Annotated[float, typer.Option("--timeout", help="Limit of one test run, in seconds.")]
 WorkersOption = Annotated[int, typer.Option("--workers", min=1, max=64, help="Candidates verified at once.")]
@@ -52,7 +54,9 @@ def _run(work: Callable[..., Awaitable[Any]], as_json: bool) -> None:
     try:
         report = asyncio.run(_with_stack(work))
     except (OSError, BusError, TimeoutError) as exc:
-        Console(stderr=True).print(f"[red]cannot reach the stack (NATS, S3, database, sandbox): {exc!r}[/red]")
+        Console(stderr=True).print(
+            f"[red]cannot reach the stack (NATS, S3, database, sandbox): {exc!r}[/red]"
+        )
         raise typer.Exit(2) from None
     out = report.as_json()
     if as_json:
@@ -101,7 +105,9 @@ async def _with_stack(work: Callable[..., Awaitable[Any]]) -> Any:
 @tasks_app.command("import")
 def import_file(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="SWE-bench-format JSONL.")],
-    repos: Annotated[Path, typer.Option("--repos", exists=True, file_okay=False, help="Folder of repository mirrors.")],
+    repos: Annotated[
+        Path, typer.Option("--repos", exists=True, file_okay=False, help="Folder of repository mirrors.")
+    ],
     taskset: TasksetOption = "swebench",
     split: Annotated[
         str | None, typer.Option(help="Put every task in this split instead of splitting by repository.")
@@ -129,7 +135,9 @@ def import_file(
 def synthesize(
     repo_dir: Annotated[Path, typer.Argument(exists=True, file_okay=False, help="A Python repository.")],
     taskset: Annotated[str | None, typer.Option("--taskset", help="Default: the folder's name.")] = None,
-    max_tasks: Annotated[int, typer.Option(min=1, max=1000, help="Stop after this many verified tasks.")] = 10,
+    max_tasks: Annotated[
+        int, typer.Option(min=1, max=1000, help="Stop after this many verified tasks.")
+    ] = 10,
     seed: Annotated[int, typer.Option(help="Seed of the choice and order of mutations.")] = 0,
     timeout: TimeoutOption = 300.0,
     workers: WorkersOption = 2,

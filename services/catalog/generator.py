@@ -91,7 +91,12 @@ def generate_task(*, seed: int, difficulty: int, index: int, taskset: str = "pyb
     for _ in range(_ATTEMPTS):
         task_id = f"{taskset}-d{difficulty}-{index:04d}"
         task = _attempt(
-            rng=rng, family=family, difficulty=difficulty, taskset=taskset, task_id=task_id, task_split=index_split(index)
+            rng=rng,
+            family=family,
+            difficulty=difficulty,
+            taskset=taskset,
+            task_id=task_id,
+            task_split=index_split(index),
         )
         if task is not None:
             return task
@@ -159,7 +164,10 @@ def _attempt(
             [f"{HIDDEN_TESTS}::{name}" for name in hidden_names[len(hidden_fail) :]]
             + [f"{visible_path}::{name}" for name in visible_names]
         ),
-        probes={f"{HIDDEN_TESTS}::{name}": row.fixed.expected() for name, row in zip(hidden_names, hidden, strict=True)},
+        probes={
+            f"{HIDDEN_TESTS}::{name}": row.fixed.expected()
+            for name, row in zip(hidden_names, hidden, strict=True)
+        },
         split=task_split,
         bug=BugInfo(
             kind=p.mutation.kind,

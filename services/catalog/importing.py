@@ -95,7 +95,9 @@ async def verify_and_store(
         if reason:
             report.rejected[(labels or {}).get(record.task_id, record.task_id)] = reason
     if verified:
-        await store_tasks(verified, store=store, sessionmaker=sessionmaker, replace=report.taskset, upload=False)
+        await store_tasks(
+            verified, store=store, sessionmaker=sessionmaker, replace=report.taskset, upload=False
+        )
     else:
         report.notes.append(f"nothing verified: task set {report.taskset!r} is left as it was")
     report.verified = len(verified)

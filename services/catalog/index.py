@@ -110,7 +110,10 @@ async def list_tasks(*, session: AsyncSession, taskset: str, split: str, limit: 
         raise RequestError("bad_request", f"limit must be at least 1, got {limit}")
     rows = (
         await session.scalars(
-            select(Task).where(Task.taskset == taskset, Task.split == split).order_by(Task.task_id).limit(limit)
+            select(Task)
+            .where(Task.taskset == taskset, Task.split == split)
+            .order_by(Task.task_id)
+            .limit(limit)
         )
     ).all()
     if not rows:
@@ -121,7 +124,10 @@ async def list_tasks(*, session: AsyncSession, taskset: str, split: str, limit: 
 async def describe_taskset(*, session: AsyncSession, taskset: str) -> dict[str, list[int]]:
     """Each split of a task set with the difficulties it has tasks of, ascending."""
     rows = await session.execute(
-        select(Task.split, Task.difficulty).where(Task.taskset == taskset).distinct().order_by(Task.difficulty)
+        select(Task.split, Task.difficulty)
+        .where(Task.taskset == taskset)
+        .distinct()
+        .order_by(Task.difficulty)
     )
     out: dict[str, list[int]] = {}
     for split, difficulty in rows:

@@ -86,19 +86,27 @@ def _variants(node: ast.AST) -> Iterator[tuple[str, ast.AST | None]]:
         new = copy.deepcopy(node)
         new.op = _OPERATOR_SWAP[type(node.op)]()
         yield "wrong_operator", new
-        if isinstance(node.right, ast.Constant) and node.right.value == 1 and isinstance(node.op, ast.Add | ast.Sub):
+        if (
+            isinstance(node.right, ast.Constant)
+            and node.right.value == 1
+            and isinstance(node.op, ast.Add | ast.Sub)
+        ):
             yield "off_by_one", copy.deepcopy(node.left)
     elif isinstance(node, ast.Constant) and type(node.value) is bool:
         yield "wrong_constant", ast.Constant(value=not node.value)
     elif isinstance(node, ast.Constant) and type(node.value) is int and 0 <= node.value <= 2:
         yield "off_by_one", ast.Constant(value=node.value + 1)
     elif isinstance(node, ast.Call) and len(node.args) == 2 and not node.keywords:
-        if not any(isinstance(a, ast.Starred) for a in node.args) and ast.dump(node.args[0]) != ast.dump(node.args[1]):
+        if not any(isinstance(a, ast.Starred) for a in node.args) and ast.dump(node.args[0]) != ast.dump(
+            node.args[1]
+        ):
             new = copy.deepcopy(node)
             new.args = [new.args[1], new.args[0]]
             yield "swapped_args", new
-    elif isinstance(node, ast.Return) and node.value is not None and not (
-        isinstance(node.value, ast.Constant) and node.value.value is None
+    elif (
+        isinstance(node, ast.Return)
+        and node.value is not None
+        and not (isinstance(node.value, ast.Constant) and node.value.value is None)
     ):
         yield "wrong_return", ast.Return(value=ast.Constant(value=None))
     elif isinstance(node, ast.If) and not node.orelse and len(node.body) == 1:

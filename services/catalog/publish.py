@@ -134,7 +134,9 @@ async def publish_taskset(
     records = [generated_record(task) for task in tasks]
     async with sessionmaker() as session:
         stored = await stored_rows(session=session, taskset=name)
-    current = {r.task_id for r in records if stored.get(r.task_id) == r.row(store) and await _objects_exist(store, r)}
+    current = {
+        r.task_id for r in records if stored.get(r.task_id) == r.row(store) and await _objects_exist(store, r)
+    }
     todo = [r for r in records if r.task_id not in current]
     results = await _verify_all([by_id[r.task_id] for r in todo], workers=workers, timeout=timeout)
     rejected = {r.task_id: r.reason for r in results if not r.ok}

@@ -57,16 +57,22 @@ async def verify_in_sandbox(
     snapshot with the hidden tests; the snapshot with the reference patch, then the hidden tests."""
     outcomes = []
     for patch in ("", reference_patch):
-        async with await client.create(run_id="catalog-verify", task_id=task_id, snapshot=snapshot) as session:
+        async with await client.create(
+            run_id="catalog-verify", task_id=task_id, snapshot=snapshot
+        ) as session:
             if patch:
                 applied = await session.apply_patch(patch)
                 if not applied.ok:
-                    return f"reference patch does not apply: {applied.error or ''} {applied.output}".strip()[:500]
+                    return f"reference patch does not apply: {applied.error or ''} {applied.output}".strip()[
+                        :500
+                    ]
             overlay = await session.overlay(hidden)
             if not overlay.ok:
                 return f"hidden tests do not unpack: {overlay.error}"
             try:
-                outcomes.append(await listed_outcomes(session, test_command=test_command, timeout_s=timeout_s))
+                outcomes.append(
+                    await listed_outcomes(session, test_command=test_command, timeout_s=timeout_s)
+                )
             except SandboxVerifyError as exc:
                 return f"{exc} ({'with the reference patch' if patch else 'on the snapshot'})"
     before, after = outcomes

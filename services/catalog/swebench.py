@@ -79,7 +79,9 @@ def read_instances(text: str) -> list[Parsed]:
             out.append(Parsed(f"line {number}", None, f"line {number} is not a SWE-bench instance: {exc}"))
             continue
         if instance.instance_id in seen:
-            out.append(Parsed(f"line {number}", None, f"line {number} repeats instance {instance.instance_id}"))
+            out.append(
+                Parsed(f"line {number}", None, f"line {number} repeats instance {instance.instance_id}")
+            )
             continue
         seen.add(instance.instance_id)
         out.append(Parsed(instance.instance_id, instance))
@@ -247,4 +249,3 @@ def candidates(
         out.append(record)
         labels[record.task_id] = instance.instance_id
     return out, rejected, labels
-

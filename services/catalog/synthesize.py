@@ -46,7 +46,11 @@ def source_modules(files: dict[str, bytes]) -> dict[str, str]:
     out = {}
     for path, data in files.items():
         name = path.rsplit("/", 1)[-1]
-        if not path.endswith(".py") or is_test_path(path) or name in {"setup.py", "conftest.py", "noxfile.py"}:
+        if (
+            not path.endswith(".py")
+            or is_test_path(path)
+            or name in {"setup.py", "conftest.py", "noxfile.py"}
+        ):
             continue
         if path.split("/", 1)[0] in {"docs", "doc", "examples", "benchmarks", "scripts"}:
             continue
@@ -126,7 +130,9 @@ async def _screen(
         return f"tests ran past {timeout_s:.0f}s on the mutation"
     if not run.tests:
         return f"no test names `{mutation.function}`"
-    failing = [(t.nodeid, t.message) for t in run.tests if t.outcome in ("failed", "error") and "::" in t.nodeid]
+    failing = [
+        (t.nodeid, t.message) for t in run.tests if t.outcome in ("failed", "error") and "::" in t.nodeid
+    ]
     passing = [t.nodeid for t in run.tests if t.outcome == "passed"]
     if not failing:
         return "no test catches it"
@@ -157,11 +163,15 @@ async def synthesize_tasks(
     pool = ordered([m for path, text in sources.items() for m in mutations(path, text)], seed)
     pool = [m for m in pool if m.function not in KEYWORDS and not m.function.startswith("_")] or pool
     original = tarball(files)
-    ref = await store.put_bytes(taskset_object(taskset, "original", SNAPSHOT), original, content_type="application/gzip")
+    ref = await store.put_bytes(
+        taskset_object(taskset, "original", SNAPSHOT), original, content_type="application/gzip"
+    )
     kept: list[tuple[Mutation, list[tuple[str, str]], list[str]]] = []
     functions: set[tuple[str, str]] = set()
     screened = 0
-    prepared = await sandboxes.create(run_id="catalog-synthesize", task_id=f"{taskset}-original", snapshot=ref)
+    prepared = await sandboxes.create(
+        run_id="catalog-synthesize", task_id=f"{taskset}-original", snapshot=ref
+    )
     async with prepared:
         for start in range(0, len(pool), workers):
             if len(kept) >= max_tasks or screened >= max_tasks * SCREEN_PER_TASK:
@@ -209,7 +219,9 @@ def _record(taskset, package, index, mutation, failing, passing, files) -> TaskR
         snapshot=tarball(mutated),
         hidden=tarball({path: files[path] for path in hidden_paths if path in files}),
         test_command=(*TEST_COMMAND, *f2p, *p2p),
-        reference_patch=unified_patch(before={mutation.path: mutation.source}, after={mutation.path: original}),
+        reference_patch=unified_patch(
+            before={mutation.path: mutation.source}, after={mutation.path: original}
+        ),
         fail_to_pass=tuple(f2p),
         pass_to_pass=tuple(p2p),
     )

@@ -8,5 +8,6 @@ COMMITTED_BYTES = Counter(
 )
 RETIRED = Counter("crucible_checkpoints_retired_total", "Weight versions deleted by retention")
 RETENTION_FAILURES = Counter(
-    "crucible_checkpoints_retention_failures_total", "Retention passes that failed (retried on the next commit)"
+    "crucible_checkpoints_retention_failures_total",
+    "Retention passes that failed (retried on the next commit)",
 )

@@ -18,9 +18,7 @@ async def _digest(*, store: ObjectStore, ref: ObjectRef, chunk_bytes: int) -> tu
 
 async def verify_shards(*, store: ObjectStore, shards: list[ObjectRef], chunk_bytes: int) -> None:
     """Raise RequestError("missing_shard" | "integrity") unless every shard is there, byte for byte."""
-    found = await asyncio.gather(
-        *(_digest(store=store, ref=ref, chunk_bytes=chunk_bytes) for ref in shards)
-    )
+    found = await asyncio.gather(*(_digest(store=store, ref=ref, chunk_bytes=chunk_bytes) for ref in shards))
     for index, (ref, got) in enumerate(zip(shards, found, strict=True)):
         if got is None:
             raise RequestError("missing_shard", f"shard {index} ({ref.uri}) is not in the object store")

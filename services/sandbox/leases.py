@@ -61,7 +61,9 @@ class Leases:
             return []
         async with self.redis.pipeline(transaction=False) as pipe:
             for session_id, left in remaining_s.items():
-                pipe.set(keys.sandbox_lease_key(session_id), self.replica, px=max(int(left * 1000), 1), nx=True)
+                pipe.set(
+                    keys.sandbox_lease_key(session_id), self.replica, px=max(int(left * 1000), 1), nx=True
+                )
             pipe.sadd(keys.sandbox_sessions_key(self.replica), *remaining_s)
             found = await pipe.execute()
         return [s for s, restored in zip(remaining_s, found[:-1], strict=True) if restored]

@@ -27,7 +27,13 @@ from crucible.localstack import LocalStack
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CONFIG = {
-    "schedule": {"group_size": 2, "groups_per_step": 2, "max_steps": 14, "publish_every": 1, "max_staleness": 1},
+    "schedule": {
+        "group_size": 2,
+        "groups_per_step": 2,
+        "max_steps": 14,
+        "publish_every": 1,
+        "max_staleness": 1,
+    },
     "agent": {"max_turns": 2},
 }
 SERVICE_ENV = {
@@ -45,7 +51,9 @@ class Chaos:
         self.stack, self.js, self.http, self.run_id = stack, js, http, run_id
         self.recovery: dict[str, dict[str, float]] = {}
 
-    async def until(self, what: str, condition: Callable[[], Awaitable[bool]], *, every_s: float = 0.2) -> None:
+    async def until(
+        self, what: str, condition: Callable[[], Awaitable[bool]], *, every_s: float = 0.2
+    ) -> None:
         deadline = time.monotonic() + FAULT_TIMEOUT_S
         while not await condition():
             dead = self.stack.poll()
@@ -97,7 +105,10 @@ class Chaos:
                 return False
 
         await self.until(f"progress after the {fault}", moved)
-        self.recovery[fault] = {"back_s": round(back - started, 1), "progress_s": round(time.monotonic() - started, 1)}
+        self.recovery[fault] = {
+            "back_s": round(back - started, 1),
+            "progress_s": round(time.monotonic() - started, 1),
+        }
 
     async def kill(self, service: str, holding: Callable[[], Awaitable[bool]], progress) -> None:
         """SIGKILL `service` once `holding()` is observed, restart it, and time the recovery."""
@@ -153,7 +164,9 @@ async def test_every_service_killed_and_every_server_restarted_mid_run_loses_not
             chaos = Chaos(stack, nc.jetstream(), http, run_id)
 
             await chaos.kill(
-                "grader", lambda: _at_least(chaos.ack_pending(subjects.ROLLOUTS, subjects.GRADER_DURABLE)), chaos.graded
+                "grader",
+                lambda: _at_least(chaos.ack_pending(subjects.ROLLOUTS, subjects.GRADER_DURABLE)),
+                chaos.graded,
             )
             await chaos.kill(
                 "trainer",
@@ -168,7 +181,11 @@ async def test_every_service_killed_and_every_server_restarted_mid_run_loses_not
             )  # fmt: skip
             in_flight = lambda: _at_least(chaos.metric("rollout", "crucible_rollout_groups_in_flight"))  # noqa: E731
             await chaos.kill("rollout", in_flight, chaos.graded)
-            await chaos.kill("sandbox", lambda: _at_least(chaos.metric("sandbox", "crucible_sandbox_sessions")), chaos.graded)
+            await chaos.kill(
+                "sandbox",
+                lambda: _at_least(chaos.metric("sandbox", "crucible_sandbox_sessions")),
+                chaos.graded,
+            )
             # The catalog and the checkpoints service answer requests and hold nothing between them; they
             # die while their callers hold work: a group in flight, a step about to publish its weights.
             await chaos.kill("catalog", in_flight, chaos.graded)
@@ -188,7 +205,11 @@ async def test_every_service_killed_and_every_server_restarted_mid_run_loses_not
             await chaos.recovered("redis flush", chaos.graded, before, started, started)
 
             async def ended() -> bool:
-                return (await http.get(f"/v1/runs/{run_id}")).json()["status"] in ("finished", "failed", "cancelled")
+                return (await http.get(f"/v1/runs/{run_id}")).json()["status"] in (
+                    "finished",
+                    "failed",
+                    "cancelled",
+                )
 
             await chaos.until("the run to end", ended, every_s=1.0)
             run = (await http.get(f"/v1/runs/{run_id}")).json()

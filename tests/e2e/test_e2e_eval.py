@@ -19,7 +19,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CONFIG = {
     "tasks": {"taskset": "imported", "difficulties": [1, 2, 3]},
-    "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 2, "publish_every": 1, "max_staleness": 1},
+    "schedule": {
+        "group_size": 2,
+        "groups_per_step": 1,
+        "max_steps": 2,
+        "publish_every": 1,
+        "max_staleness": 1,
+    },
     "agent": {"max_turns": 2},
     "eval": {"every_versions": 1, "at_end": True, "samples": 1},
 }
@@ -27,7 +33,11 @@ CONFIG = {
 
 def test_imported_tasks_are_trained_on_and_evaluated(tmp_path):
     with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
-        env = {**stack.settings_env, "CRUCIBLE_API_URL": stack.api_url, "CRUCIBLE_API_KEY_FILE": str(stack.api_key_file)}
+        env = {
+            **stack.settings_env,
+            "CRUCIBLE_API_URL": stack.api_url,
+            "CRUCIBLE_API_KEY_FILE": str(stack.api_key_file),
+        }
         mirrors, good = swebench_repos.build(tmp_path / "repos")
         instances = tmp_path / "instances.jsonl"
         instances.write_text(swebench_repos.jsonl(good))
@@ -39,26 +49,51 @@ def test_imported_tasks_are_trained_on_and_evaluated(tmp_path):
         held_out = report["splits"]["test"]
 
         client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
-        run_id = client.post("/v1/runs", json={"name": "eval", "config": CONFIG}).raise_for_status().json()["run_id"]
-        wait_for(lambda: pages(client, f"/v1/runs/{run_id}/checkpoints"), timeout=300, what="version 0", stack=stack)
+        run_id = (
+            client.post("/v1/runs", json={"name": "eval", "config": CONFIG})
+            .raise_for_status()
+            .json()["run_id"]
+        )
+        wait_for(
+            lambda: pages(client, f"/v1/runs/{run_id}/checkpoints"),
+            timeout=300,
+            what="version 0",
+            stack=stack,
+        )
         asked = crucible("eval", "--run", run_id, "--version", "0", "--json", env=env, timeout=900)
         assert asked.returncode == 0, asked.stderr
         on_demand = json.loads(asked.stdout)
-        assert on_demand["status"] == "finished" and on_demand["version"] == 0 and on_demand["source"] == "api"
+        assert (
+            on_demand["status"] == "finished" and on_demand["version"] == 0 and on_demand["source"] == "api"
+        )
 
         wait_for(lambda: client.get(f"/v1/runs/{run_id}").json()["status"] == "finished", timeout=600,
                  what="the run to finish", stack=stack)  # fmt: skip
         evals = wait_for(
-            lambda: len(e := pages(client, f"/v1/runs/{run_id}/evals")) == 3
-            and all(x["status"] == "finished" for x in e) and e,
-            timeout=600, what="every evaluation to finish", stack=stack,
+            lambda: (
+                len(e := pages(client, f"/v1/runs/{run_id}/evals")) == 3
+                and all(x["status"] == "finished" for x in e)
+                and e
+            ),
+            timeout=600,
+            what="every evaluation to finish",
+            stack=stack,
         )
-        assert sorted((e["version"], e["source"]) for e in evals) == [(0, "api"), (1, "schedule"), (2, "schedule")]
+        assert sorted((e["version"], e["source"]) for e in evals) == [
+            (0, "api"),
+            (1, "schedule"),
+            (2, "schedule"),
+        ]
         for e in evals:
             assert e["taskset"] == "imported" and e["split"] == "test" and e["tasks"] == held_out
             assert e["expected"] == e["graded"] == held_out * 2 and e["failed_episodes"] == 0
             assert e["pass_at_1"]["n"] == held_out and e["pass_at_k"]["n"] == held_out
-            assert 0.0 <= e["resolved_rate"]["ci_low"] <= e["resolved_rate"]["value"] <= e["resolved_rate"]["ci_high"]
+            assert (
+                0.0
+                <= e["resolved_rate"]["ci_low"]
+                <= e["resolved_rate"]["value"]
+                <= e["resolved_rate"]["ci_high"]
+            )
             episodes = pages(client, f"/v1/runs/{run_id}/trajectories", eval_id=e["eval_id"])
             assert len(episodes) == e["expected"] and {t["eval_sample"] for t in episodes} == {0, 1}
             assert all(t["trained_count"] == 0 for t in episodes)

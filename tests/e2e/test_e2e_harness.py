@@ -42,6 +42,8 @@ def test_a_harness_drives_episodes_that_are_graded_and_trained_on(tmp_path) -> N
     agent_text = next(s["text"] for s in detail["segments"] if s["role"] == "agent")
     assert agent_text.startswith("<tool_call>"), agent_text
     assert [s["step"] for s in steps] == [1]
-    assert sum(t["trained_count"] for t in trajectories) >= 2 and all(t["trained_count"] <= 1 for t in trajectories)
+    assert sum(t["trained_count"] for t in trajectories) >= 2 and all(
+        t["trained_count"] <= 1 for t in trajectories
+    )
     # token in, token out: the trainer's forward over the recorded context gives the sampler's logprobs
     assert steps[0]["metrics"]["ratio_p50"] == pytest.approx(1.0, abs=1e-2)

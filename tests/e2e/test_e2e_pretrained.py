@@ -15,7 +15,13 @@ CONFIG = {
     "model": {"source": "package:smollm2-135m-instruct"},
     "agent": {"max_turns": 2, "max_action_tokens": 64, "max_observation_bytes": 400},
     "optim": {"learning_rate": 1e-6},
-    "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 2, "publish_every": 1, "max_staleness": 1},
+    "schedule": {
+        "group_size": 2,
+        "groups_per_step": 1,
+        "max_steps": 2,
+        "publish_every": 1,
+        "max_staleness": 1,
+    },
     "tasks": {"difficulties": [1]},
 }
 

@@ -18,7 +18,13 @@ from crucible.localstack import LocalStack
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 CONFIG = {
-    "schedule": {"group_size": 2, "groups_per_step": 2, "max_steps": 5, "publish_every": 1, "max_staleness": 1},
+    "schedule": {
+        "group_size": 2,
+        "groups_per_step": 2,
+        "max_steps": 5,
+        "publish_every": 1,
+        "max_staleness": 1,
+    },
     "agent": {"max_turns": 2},
 }
 
@@ -86,12 +92,19 @@ def test_short_run_through_every_service(tmp_path):
         run_id = created.json()["run_id"]
 
         # Mid-run: a malformed message on the grader's stream.
-        wait_for(lambda: pages(client, f"/v1/runs/{run_id}/trajectories"), timeout=300, what="a graded trajectory", stack=stack)
+        wait_for(
+            lambda: pages(client, f"/v1/runs/{run_id}/trajectories"),
+            timeout=300,
+            what="a graded trajectory",
+            stack=stack,
+        )
         asyncio.run(publish_raw(stack, subjects.rollouts(run_id), b"\x93not a trajectory"))
 
         run = wait_for(
             lambda: (r := client.get(f"/v1/runs/{run_id}").json())["status"] in ("finished", "failed") and r,
-            timeout=600, what="the run to finish", stack=stack,
+            timeout=600,
+            what="the run to finish",
+            stack=stack,
         )
         assert run["status"] == "finished"
         # Spare groups may still be sampling or grading: every admitted group publishes (the budget is
@@ -99,13 +112,20 @@ def test_short_run_through_every_service(tmp_path):
         schedule = CONFIG["schedule"]
         expected = (schedule["max_steps"] + 1) * schedule["groups_per_step"] * schedule["group_size"]
         state = wait_for(
-            lambda: (s := asyncio.run(stream_state(stack, run_id)))["rollouts_left"] == 0
-            and s["graded"] >= expected and s,
-            timeout=180, what="every trajectory graded", stack=stack,
+            lambda: (
+                (s := asyncio.run(stream_state(stack, run_id)))["rollouts_left"] == 0
+                and s["graded"] >= expected
+                and s
+            ),
+            timeout=180,
+            what="every trajectory graded",
+            stack=stack,
         )
         wait_for(
             lambda: len(pages(client, f"/v1/runs/{run_id}/trajectories")) == state["graded"],
-            timeout=60, what="the api to ingest every graded trajectory", stack=stack,
+            timeout=60,
+            what="the api to ingest every graded trajectory",
+            stack=stack,
         )
 
         trajectories = pages(client, f"/v1/runs/{run_id}/trajectories")
@@ -127,7 +147,9 @@ def test_short_run_through_every_service(tmp_path):
         assert {"loss", "reward_mean", "staleness_mean"} <= set(metrics)
         assert len(metrics["loss"]) == schedule["max_steps"]
         assert [c["version"] for c in checkpoints] == list(range(schedule["max_steps"] + 1))
-        assert all(s["staleness_max"] <= CONFIG["schedule"]["max_staleness"] for s in (st["metrics"] for st in steps))
+        assert all(
+            s["staleness_max"] <= CONFIG["schedule"]["max_staleness"] for s in (st["metrics"] for st in steps)
+        )
 
         # Rollouts ran several weight versions, visible per token in the transcripts.
         versions = {v for t in trajectories for v in (t["version_min"], t["version_max"])}

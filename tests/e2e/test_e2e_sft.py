@@ -53,7 +53,11 @@ def test_a_warm_start_trains_publishes_and_an_rl_run_starts_from_it(tmp_path, mo
     demos = tmp_path / "demos.jsonl"
     demos.write_text(json.dumps(CONVERSATION) + "\n")
     with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
-        env = {**stack.settings_env, "CRUCIBLE_API_URL": stack.api_url, "CRUCIBLE_API_KEY_FILE": str(stack.api_key_file)}
+        env = {
+            **stack.settings_env,
+            "CRUCIBLE_API_URL": stack.api_url,
+            "CRUCIBLE_API_KEY_FILE": str(stack.api_key_file),
+        }
         for name, value in stack.settings_env.items():
             monkeypatch.setenv(name, value)
         bad = tmp_path / "bad.jsonl"
@@ -62,7 +66,13 @@ def test_a_warm_start_trains_publishes_and_an_rl_run_starts_from_it(tmp_path, mo
         assert refused.returncode == 2 and "line 1" in refused.stderr
 
         args = ["sft", "--steps", "30", "--tasks", "4", "--demos", str(demos), "--json"]
-        for override in [*AGENT, TRACKERS, "tasks.difficulties=[1, 2]", "sft.batch_size=4", "sft.learning_rate=3e-3"]:
+        for override in [
+            *AGENT,
+            TRACKERS,
+            "tasks.difficulties=[1, 2]",
+            "sft.batch_size=4",
+            "sft.learning_rate=3e-3",
+        ]:
             args += ["--set", override]
         done = crucible(*args, env=env, timeout=900)
         assert done.returncode == 0, done.stderr
@@ -86,20 +96,31 @@ def test_a_warm_start_trains_publishes_and_an_rl_run_starts_from_it(tmp_path, mo
             "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1, "publish_every": 1},
             "trackers": ["tensorboard", "mlflow", "wandb"],
         }
-        rl_run = client.post("/v1/runs", json={"name": "rl", "config": config}).raise_for_status().json()["run_id"]
+        rl_run = (
+            client.post("/v1/runs", json={"name": "rl", "config": config}).raise_for_status().json()["run_id"]
+        )
         wait_for(lambda: client.get(f"/v1/runs/{rl_run}").json()["status"] == "finished", timeout=600,
                  what="the RL run to finish", stack=stack)  # fmt: skip
         start, warm_weights = asyncio.run(weights(rl_run, 0)), asyncio.run(weights(sft_run, 0))
         assert start.keys() == warm_weights.keys()
         assert all(torch.equal(start[k], warm_weights[k]) for k in start)
 
-        missing = client.post("/v1/runs", json={"name": "x", "config": {**config, "model": {"init": "run-nope@0"}}})
+        missing = client.post(
+            "/v1/runs", json={"name": "x", "config": {**config, "model": {"init": "run-nope@0"}}}
+        )
         missing_id = missing.raise_for_status().json()["run_id"]
         failed = wait_for(lambda: (r := client.get(f"/v1/runs/{missing_id}").json())["status"] == "failed" and r,
                           timeout=120, what="a run with a missing init to fail", stack=stack)  # fmt: skip
         assert "model.init run-nope@0" in failed["error"]
-        unreadable = {"sft": {"steps": 5, "tasks": 0, "imported": "demonstrations/none.jsonl"}, "schedule": {"max_steps": 0}}
-        missing_id = client.post("/v1/runs", json={"name": "x", "config": unreadable}).raise_for_status().json()["run_id"]
+        unreadable = {
+            "sft": {"steps": 5, "tasks": 0, "imported": "demonstrations/none.jsonl"},
+            "schedule": {"max_steps": 0},
+        }
+        missing_id = (
+            client.post("/v1/runs", json={"name": "x", "config": unreadable})
+            .raise_for_status()
+            .json()["run_id"]
+        )
         failed = wait_for(lambda: (r := client.get(f"/v1/runs/{missing_id}").json())["status"] == "failed" and r,
                           timeout=120, what="a run with an unreadable sft.imported to fail", stack=stack)  # fmt: skip
         assert "sft.imported demonstrations/none.jsonl cannot be read" in failed["error"]

@@ -29,7 +29,9 @@ def imported_modules(path: Path) -> set[str]:
 
 def test_the_library_never_imports_a_service() -> None:
     offenders = {
-        str(path.relative_to(ROOT)): sorted(m for m in imported_modules(path) if m.split(".")[0] == "services")
+        str(path.relative_to(ROOT)): sorted(
+            m for m in imported_modules(path) if m.split(".")[0] == "services"
+        )
         for path in (ROOT / "libs").rglob("*.py")
     }
     assert {k: v for k, v in offenders.items() if v} == {}
@@ -49,9 +51,13 @@ def test_a_service_never_imports_another(service: str) -> None:
 
 @pytest.mark.parametrize("service", SERVICES)
 def test_only_the_model_services_need_torch(service: str) -> None:
-    probe = f"import sys; sys.path.insert(0, {str(TORCHLESS.parent)!r}); import torchless; torchless.block(); "
+    probe = (
+        f"import sys; sys.path.insert(0, {str(TORCHLESS.parent)!r}); import torchless; torchless.block(); "
+    )
     probe += f"import services.{service}.app"
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, cwd=ROOT, timeout=120
+    )
     if service in NEEDS_TORCH:
         assert done.returncode != 0 and "No module named 'torch'" in done.stderr
     else:

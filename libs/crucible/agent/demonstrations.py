@@ -38,7 +38,9 @@ class Teacher:
         tool_calls: ToolCallGrammar | None = None,
     ) -> None:
         if len(actions) > agent.max_turns:
-            raise DemonstrationError(f"over the turn budget: {len(actions)} actions, agent.max_turns = {agent.max_turns}")
+            raise DemonstrationError(
+                f"over the turn budget: {len(actions)} actions, agent.max_turns = {agent.max_turns}"
+            )
         self.actions = list(actions)
         self.agent = agent
         self.max_context = max_context
@@ -51,7 +53,9 @@ class Teacher:
     def _next(self) -> Action:
         return self.actions.pop(0) if self.actions else SUBMIT
 
-    async def sample_action(self, state: EpisodeState, *, generator: torch.Generator) -> tuple[str | None, str, bool]:
+    async def sample_action(
+        self, state: EpisodeState, *, generator: torch.Generator
+    ) -> tuple[str | None, str, bool]:
         action = self._next()
         text = action.text()
         body = [] if action.name in tokenizer.NO_ARGUMENT_TOOLS else [*tokenizer.encode(text), tokenizer.END]

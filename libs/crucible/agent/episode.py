@@ -232,7 +232,9 @@ def episode_trajectory(
     )
 
 
-async def _byte_turns(engine, config, task, session, contexts, generator, tool_timeout_s) -> tuple[list[ToolCall], str]:
+async def _byte_turns(
+    engine, config, task, session, contexts, generator, tool_timeout_s
+) -> tuple[list[ToolCall], str]:
     """The byte-level agent of Crucible's presets: `<act><tool:NAME>ARGS<end>` turns."""
     prompt = SYSTEM_PROMPT + "Task: " + task.statement
     prompt_limit = min(4 * config.agent.max_observation_bytes, engine.max_context // 2)
@@ -246,7 +248,9 @@ async def _byte_turns(engine, config, task, session, contexts, generator, tool_t
             summary = await engine.sample_summary(state, generator=generator)
             state = await contexts.restart()
             summarised = tokenizer.encode(SUMMARY_INTRO + summary)  # never cut: it is all the policy keeps
-            state.append_env([tokenizer.BOS, *observation(prompt, limit=prompt_limit), *summarised], engine.version)
+            state.append_env(
+                [tokenizer.BOS, *observation(prompt, limit=prompt_limit), *summarised], engine.version
+            )
             if not turn_fits(engine, config, state, []):
                 finish = "context"  # the task and the summary alone leave no room for a turn
                 break
@@ -269,16 +273,23 @@ async def _byte_turns(engine, config, task, session, contexts, generator, tool_t
         if room <= 8:
             finish = "context"
             break
-        state.append_env(observation(text, limit=min(config.agent.max_observation_bytes, room)), engine.version)
+        state.append_env(
+            observation(text, limit=min(config.agent.max_observation_bytes, room)), engine.version
+        )
     state.append_env([tokenizer.EOS], engine.version)
     return calls, finish
 
 
-async def _chat_turns(engine, config, task, session, contexts, generator, tool_timeout_s) -> tuple[list[ToolCall], str]:
+async def _chat_turns(
+    engine, config, task, session, contexts, generator, tool_timeout_s
+) -> tuple[list[ToolCall], str]:
     """A pretrained model in its own chat template: each turn one tool call under the grammar, each
     result the template's tool turn (environment tokens)."""
     tok = engine.tokenizer
-    messages = [{"role": "system", "content": CHAT_SYSTEM_PROMPT}, {"role": "user", "content": task.statement}]
+    messages = [
+        {"role": "system", "content": CHAT_SYSTEM_PROMPT},
+        {"role": "user", "content": task.statement},
+    ]
     state = contexts.live
     state.append_env(render_prompt(tok, messages), engine.version)
     calls: list[ToolCall] = []
@@ -290,7 +301,9 @@ async def _chat_turns(engine, config, task, session, contexts, generator, tool_t
         if exhausted:
             finish = "context"
             break
-        action = tok.decode(state.tokens[start - contexts.offset :], skip_special_tokens=False).removesuffix(tok.eos_token)
+        action = tok.decode(state.tokens[start - contexts.offset :], skip_special_tokens=False).removesuffix(
+            tok.eos_token
+        )
         args_text = json.dumps(arguments) if arguments is not None else ""
         if name == "submit":
             finish = "submitted"
@@ -300,10 +313,14 @@ async def _chat_turns(engine, config, task, session, contexts, generator, tool_t
         if name is None or arguments is None:  # both or neither
             ok, text = False, "error: the tool call did not close within the action budget"
         else:
-            result, text = await run_chat_tool(session, name, arguments, config=config, timeout_s=tool_timeout_s)
+            result, text = await run_chat_tool(
+                session, name, arguments, config=config, timeout_s=tool_timeout_s
+            )
             ok = result.ok
         text = text[: config.agent.max_observation_bytes]
-        calls.append(_call(turn, name or "invalid", args_text, ok, text, time.perf_counter() - t0, start, end, version))
+        calls.append(
+            _call(turn, name or "invalid", args_text, ok, text, time.perf_counter() - t0, start, end, version)
+        )
         messages += [{"role": "assistant", "content": action}, {"role": "tool", "content": text}]
         following = after_action(tok, messages)
         if turn_fits(engine, config, state, following):

@@ -54,7 +54,9 @@ def masked_logprobs(logits: torch.Tensor, allowed: torch.Tensor, *, temperature:
     return torch.log_softmax((logits.float() / temperature).masked_fill(~allowed, float("-inf")), dim=-1)
 
 
-def constrained_logprobs(logits: torch.Tensor, constraints: torch.Tensor, *, temperature: float = 1.0) -> torch.Tensor:
+def constrained_logprobs(
+    logits: torch.Tensor, constraints: torch.Tensor, *, temperature: float = 1.0
+) -> torch.Tensor:
     """`masked_logprobs` under each position's constraint of the byte-level table (constraints [...] long)."""
     table = allowed_table(logits.shape[-1], logits.device)
     return masked_logprobs(logits, table[constraints], temperature=temperature)

@@ -24,8 +24,13 @@ import openai
 def main() -> int:
     episode = httpx.Client(base_url=os.environ["CRUCIBLE_EPISODE_URL"], timeout=600)
     task = episode.get("/task").raise_for_status().json()
-    client = openai.OpenAI(max_retries=0, timeout=600)  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
-    messages: list[Any] = [{"role": "system", "content": task["system_prompt"]}, {"role": "user", "content": task["statement"]}]
+    client = openai.OpenAI(
+        max_retries=0, timeout=600
+    )  # OPENAI_BASE_URL and OPENAI_API_KEY from the environment
+    messages: list[Any] = [
+        {"role": "system", "content": task["system_prompt"]},
+        {"role": "user", "content": task["statement"]},
+    ]
     for _ in range(task["max_turns"]):
         try:
             reply = client.chat.completions.create(

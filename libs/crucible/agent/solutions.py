@@ -42,7 +42,9 @@ class Action:
         try:
             if self.name == "replace":
                 if "\n" in a["old"]:
-                    raise DemonstrationError("a multi-line edit: the byte-level replace takes a one-line `old`")
+                    raise DemonstrationError(
+                        "a multi-line edit: the byte-level replace takes a one-line `old`"
+                    )
                 return f"{a['path']}\n{a['old']}\n{a['new']}"
             key = ARGUMENT.get(self.name)
             return a[key] if key else ""
@@ -173,10 +175,14 @@ def imported_episodes(text: str) -> list[ImportedEpisode]:
                 elif message["role"] == "tool":
                     results.append(str(message.get("content", "")))
         except (ValueError, KeyError, TypeError, StopIteration) as exc:
-            raise DemonstrationError(f"line {number}: not a chat conversation with tool calls ({exc!r})") from None
+            raise DemonstrationError(
+                f"line {number}: not a chat conversation with tool calls ({exc!r})"
+            ) from None
         unknown = {a.name for a in actions} - set(tokenizer.TOOLS)
         if unknown:
-            raise DemonstrationError(f"line {number}: unknown tools {sorted(unknown)}; the agent's are {tokenizer.TOOLS}")
+            raise DemonstrationError(
+                f"line {number}: unknown tools {sorted(unknown)}; the agent's are {tokenizer.TOOLS}"
+            )
         if actions and actions[-1].name == "submit":
             actions.pop()
         episodes.append(ImportedEpisode(statement=str(statement), actions=actions, results=results))

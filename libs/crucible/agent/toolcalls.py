@@ -172,7 +172,11 @@ class ToolCallGrammar:
 
 
 def render_text(
-    tokenizer: Any, messages: list[dict[str, str]], *, tools: list[dict[str, Any]] = TOOLS, generation: bool = True
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    *,
+    tools: list[dict[str, Any]] = TOOLS,
+    generation: bool = True,
 ) -> str:
     """The conversation through the chat template (with the assistant's next turn opened if `generation`);
     tools passed as the template expects, or described in the system message where it ignores them; no
@@ -183,21 +187,28 @@ def render_text(
         if not tools:
             return tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False)
         if _renders_tools(tokenizer):
-            return tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=generation, tokenize=False)
+            return tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=generation, tokenize=False
+            )
         described = "\n".join(json.dumps(tool) for tool in tools)
         system = (
             "You may call one of these tools per turn. Answer with exactly one call, as "
-            f"{OPEN.strip()}{{\"name\": ..., \"arguments\": {{...}}}}{CLOSE.strip()}\n<tools>\n{described}\n</tools>"
+            f'{OPEN.strip()}{{"name": ..., "arguments": {{...}}}}{CLOSE.strip()}\n<tools>\n{described}\n</tools>'
         )
         if messages and messages[0]["role"] == "system":
-            messages = [{"role": "system", "content": messages[0]["content"] + "\n\n" + system}, *messages[1:]]
+            messages = [
+                {"role": "system", "content": messages[0]["content"] + "\n\n" + system},
+                *messages[1:],
+            ]
         else:
             messages = [{"role": "system", "content": system}, *messages]
         return tokenizer.apply_chat_template(messages, add_generation_prompt=generation, tokenize=False)
     except ToolCallError:
         raise
     except Exception as exc:  # jinja raises its own types for a role or field the template lacks
-        raise ToolCallError(f"the chat template cannot render this conversation: {type(exc).__name__}: {exc}") from None
+        raise ToolCallError(
+            f"the chat template cannot render this conversation: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def render_prompt(
@@ -207,7 +218,9 @@ def render_prompt(
     return tokenizer.encode(render_text(tokenizer, messages, tools=tools), add_special_tokens=False)
 
 
-def after_action(tokenizer: Any, messages: list[dict[str, str]], *, tools: list[dict[str, Any]] = TOOLS) -> list[int]:
+def after_action(
+    tokenizer: Any, messages: list[dict[str, str]], *, tools: list[dict[str, Any]] = TOOLS
+) -> list[int]:
     """Token ids that follow the end-of-turn token of the assistant's last action, when `messages` ends
     with that action and the tool's result: the rest of the template up to the next assistant turn."""
     if len(messages) < 2 or messages[-2]["role"] != "assistant" or messages[-1]["role"] != "tool":
@@ -216,7 +229,11 @@ def after_action(tokenizer: Any, messages: list[dict[str, str]], *, tools: list[
 
 
 def after_turn(
-    tokenizer: Any, history: list[dict[str, str]], messages: list[dict[str, str]], *, tools: list[dict[str, Any]] = TOOLS
+    tokenizer: Any,
+    history: list[dict[str, str]],
+    messages: list[dict[str, str]],
+    *,
+    tools: list[dict[str, Any]] = TOOLS,
 ) -> list[int]:
     """Token ids that follow the end-of-turn token closing `history` (which ends with an assistant turn),
     when the conversation goes on to `messages`: the template's rendering of the new messages, up to
@@ -232,6 +249,8 @@ def after_turn(
 
 
 def _renders_tools(tokenizer: Any) -> bool:
-    probe = [{"type": "function", "function": {"name": "crucible_probe_tool", "parameters": {"type": "object"}}}]
+    probe = [
+        {"type": "function", "function": {"name": "crucible_probe_tool", "parameters": {"type": "object"}}}
+    ]
     text = tokenizer.apply_chat_template([{"role": "user", "content": "x"}], tools=probe, tokenize=False)
     return "crucible_probe_tool" in text

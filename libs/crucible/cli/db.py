@@ -41,7 +41,9 @@ def upgrade(revision: str = "head", url: UrlOption = None) -> None:
     try:
         migrate.upgrade(url, revision)
     except (OSError, SQLAlchemyError, ValueError) as exc:
-        typer.echo(f"crucible db upgrade: cannot migrate {_redact(url)}: {type(exc).__name__}: {exc}", err=True)
+        typer.echo(
+            f"crucible db upgrade: cannot migrate {_redact(url)}: {type(exc).__name__}: {exc}", err=True
+        )
         raise typer.Exit(1) from None
     typer.echo(f"database at {revision}")
 

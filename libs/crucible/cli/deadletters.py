@@ -23,7 +23,9 @@ async def _with_bus(work):
     try:
         bus = await Bus.connect(settings, name="cli-deadletters")
     except Exception as exc:  # nats raises many unrelated types for a server that is not there
-        Console(stderr=True).print(f"cannot reach NATS at {settings.nats_url}: {exc}", style="red", markup=False)
+        Console(stderr=True).print(
+            f"cannot reach NATS at {settings.nats_url}: {exc}", style="red", markup=False
+        )
         raise typer.Exit(2) from None
     try:
         return await work(bus)
@@ -52,7 +54,9 @@ def _payload(data: bytes) -> Any:
 
 @deadletters_app.command("list")
 def list_letters(
-    stream: Annotated[str | None, typer.Option(help="Only letters from this stream's consumers (e.g. GRADED).")] = None,
+    stream: Annotated[
+        str | None, typer.Option(help="Only letters from this stream's consumers (e.g. GRADED).")
+    ] = None,
     limit: Annotated[int, typer.Option(min=1, max=10_000)] = 20,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
@@ -83,7 +87,9 @@ def show_letter(seq: int) -> None:
 
 
 @deadletters_app.command("replay")
-def replay(seqs: Annotated[list[int], typer.Argument(help="Sequence numbers from `crucible deadletters list`.")]) -> None:
+def replay(
+    seqs: Annotated[list[int], typer.Argument(help="Sequence numbers from `crucible deadletters list`.")],
+) -> None:
     """Put dead letters' messages back on their subjects (their consumers get them anew) and remove the
     letters. Replaying one twice publishes it once."""
 

@@ -70,7 +70,9 @@ def demo(
     try:
         text = config_file.read_text() if config_file else DEMO_CONFIG
         model_overrides = [f"model.source={json.dumps(model)}", "agent.max_action_tokens=64"] if model else []
-        config = RunConfig.from_toml(text, overrides=[*model_overrides, *(overrides or [])]).model_dump(mode="json")
+        config = RunConfig.from_toml(text, overrides=[*model_overrides, *(overrides or [])]).model_dump(
+            mode="json"
+        )
     except (OSError, ValueError) as exc:
         typer.echo(f"crucible demo: bad run config ({config_file or 'the demo config'}): {exc}", err=True)
         raise typer.Exit(2) from None
@@ -89,7 +91,9 @@ def demo(
                 stack.stop()
 
 
-def _run(stack, *, config, console: Console, started: float, as_json: bool, timeout: float, keep_running: bool) -> None:
+def _run(
+    stack, *, config, console: Console, started: float, as_json: bool, timeout: float, keep_running: bool
+) -> None:
     """Start the stack, run the demo's run on it, print its summary (the caller stops the stack)."""
     import httpx
 
@@ -102,7 +106,10 @@ def _run(stack, *, config, console: Console, started: float, as_json: bool, time
         raise typer.Exit(1)
     run_id = response.json()["run_id"]
     console.print(f"run [bold]{run_id}[/bold] created; API at {stack.api_url}")
-    console.print(f"dashboard: {stack.login_url(f'/runs/{run_id}')}" + ("" if keep_running else " (--keep-running keeps it up after the run)"))
+    console.print(
+        f"dashboard: {stack.login_url(f'/runs/{run_id}')}"
+        + ("" if keep_running else " (--keep-running keeps it up after the run)")
+    )
     console.print(f"admin API key: {stack.api_key_file}")
     progress = _follow(client=client, stack=stack, run_id=run_id, console=console, timeout=timeout)
     summary = _summary(client=client, run_id=run_id, stack=stack, elapsed=time.monotonic() - started)
@@ -174,7 +181,9 @@ def _table(run, steps, trajectories, checkpoints, evals, elapsed: float) -> Tabl
     table.add_row("reward (last step mean)", f"{last.get('reward_mean', 0.0):.3f}")
     if evals:
         e = evals[-1]
-        table.add_row(f"evaluation v{e['version']}", f"{e['status']}: {e['graded']} / {e['expected'] or '?'} graded")
+        table.add_row(
+            f"evaluation v{e['version']}", f"{e['status']}: {e['graded']} / {e['expected'] or '?'} graded"
+        )
     table.add_row("staleness (last step mean)", f"{last.get('staleness_mean', 0.0):.2f}")
     table.add_row("throughput", f"{60 * len(trajectories) / max(elapsed, 1e-6):.1f} trajectories/min")
     return table
@@ -210,12 +219,16 @@ def _summary(*, client, run_id: str, stack, elapsed: float) -> dict[str, Any]:
         "tool_calls": sum(t["num_tool_calls"] for t in trajectories),
         "weight_versions_published": [c["version"] for c in checkpoints],
         "weight_versions_full": [c["version"] for c in checkpoints if c["kind"] == "full"],
-        "weight_bytes": {kind: sum(c["size_bytes"] for c in checkpoints if c["kind"] == kind) for kind in ("full", "delta")},
+        "weight_bytes": {
+            kind: sum(c["size_bytes"] for c in checkpoints if c["kind"] == kind) for kind in ("full", "delta")
+        },
         "weight_versions_used_by_rollouts": versions_used,
         "resolved_rate_trajectories": round(resolved / len(trajectories), 4) if trajectories else None,
         "reward_first_step": rewards[0] if rewards else None,
         "reward_last_step": rewards[-1] if rewards else None,
-        "eval": None if last_eval is None else {
+        "eval": None
+        if last_eval is None
+        else {
             "eval_id": last_eval["eval_id"],
             "version": last_eval["version"],
             "split": f"{last_eval['taskset']}/{last_eval['split']}",

@@ -39,9 +39,15 @@ def print_eval(console: Console, e: dict[str, Any]) -> None:
 
 def evaluate(
     run: Annotated[str, typer.Option("--run", help="The run whose weights to evaluate.")],
-    version: Annotated[int | None, typer.Option(help="Weight version; default: the latest published.")] = None,
-    taskset: Annotated[str | None, typer.Option(help="Default: the run's eval.taskset or tasks.taskset.")] = None,
-    split: Annotated[str | None, typer.Option(help="validation or test (default: the run's eval.split).")] = None,
+    version: Annotated[
+        int | None, typer.Option(help="Weight version; default: the latest published.")
+    ] = None,
+    taskset: Annotated[
+        str | None, typer.Option(help="Default: the run's eval.taskset or tasks.taskset.")
+    ] = None,
+    split: Annotated[
+        str | None, typer.Option(help="validation or test (default: the run's eval.split).")
+    ] = None,
     samples: Annotated[int | None, typer.Option(help="Sampled episodes per task, for pass@k.")] = None,
     max_tasks: Annotated[int | None, typer.Option(help="Tasks evaluated at most.")] = None,
     wait: Annotated[bool, typer.Option(help="Wait for the evaluation to finish.")] = True,

@@ -36,17 +36,24 @@ def _with_session(url: str | None, work: Any) -> Any:
     try:
         return asyncio.run(run())
     except (OSError, SQLAlchemyError) as exc:
-        typer.echo(f"crucible keys: cannot use the database {_redact(url)}: {type(exc).__name__}: {exc}", err=True)
+        typer.echo(
+            f"crucible keys: cannot use the database {_redact(url)}: {type(exc).__name__}: {exc}", err=True
+        )
         raise typer.Exit(1) from None
 
 
 @keys_app.command("create")
 def create(
-    scope: Annotated[str, typer.Option(help="read, write (also start and cancel runs, request "
-                                            "evaluations) or admin (also manage keys).")],
+    scope: Annotated[
+        str,
+        typer.Option(
+            help="read, write (also start and cancel runs, request evaluations) or admin (also manage keys)."
+        ),
+    ],
     name: Annotated[str, typer.Option(help="Who or what holds the key.")] = "cli",
-    file: Annotated[Path | None, typer.Option(help="Write the token to this file (mode 0600) "
-                                                   "instead of printing it.")] = None,
+    file: Annotated[
+        Path | None, typer.Option(help="Write the token to this file (mode 0600) instead of printing it.")
+    ] = None,
     url: UrlOption = None,
 ) -> None:
     """A new key; its token is printed (or written to --file) this once."""

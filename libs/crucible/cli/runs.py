@@ -14,6 +14,7 @@ from crucible.cli.api import DEFAULT_API, ApiOption, call
 
 runs_app = typer.Typer(help="Query run history over the REST API.", no_args_is_help=True)
 
+
 @runs_app.command("list")
 def list_runs(
     api: ApiOption = DEFAULT_API,

@@ -49,15 +49,23 @@ def _upload(path: Path) -> str:
 
 def sft(
     steps: Annotated[int, typer.Option(min=1, help="Optimizer steps.")] = 200,
-    taskset: Annotated[str, typer.Option(help="Task set whose train split gives reference demonstrations.")] = "pybugs",
-    tasks: Annotated[int, typer.Option(min=0, help="Train tasks whose reference patches are played (0: none).")] = 64,
+    taskset: Annotated[
+        str, typer.Option(help="Task set whose train split gives reference demonstrations.")
+    ] = "pybugs",
+    tasks: Annotated[
+        int, typer.Option(min=0, help="Train tasks whose reference patches are played (0: none).")
+    ] = 64,
     demos: Annotated[
-        Path | None, typer.Option(help="JSONL of chat conversations with tool calls to train on too.", dir_okay=False)
+        Path | None,
+        typer.Option(help="JSONL of chat conversations with tool calls to train on too.", dir_okay=False),
     ] = None,
     config_file: Annotated[
-        Path | None, typer.Option("--config", help="Run config (TOML): model, agent budget, sft options.", dir_okay=False)
+        Path | None,
+        typer.Option("--config", help="Run config (TOML): model, agent budget, sft options.", dir_okay=False),
     ] = None,
-    overrides: Annotated[list[str] | None, typer.Option("--set", help="Override one field (repeatable).")] = None,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override one field (repeatable).")
+    ] = None,
     name: Annotated[str, typer.Option(help="The run's name.")] = "sft",
     wait: Annotated[bool, typer.Option(help="Wait for the warm start to finish.")] = True,
     timeout: Annotated[float, typer.Option(help="Seconds to wait.")] = 3600.0,
@@ -67,7 +75,12 @@ def sft(
     """Train a supervised warm start and publish it as a weight version RL runs can start from."""
     from crucible.contracts.runconfig import RunConfig
 
-    fixed = [f"sft.steps={steps}", f"sft.tasks={tasks}", "schedule.max_steps=0", f"tasks.taskset={json.dumps(taskset)}"]
+    fixed = [
+        f"sft.steps={steps}",
+        f"sft.tasks={tasks}",
+        "schedule.max_steps=0",
+        f"tasks.taskset={json.dumps(taskset)}",
+    ]
     if demos is not None:
         fixed.append(f"sft.imported={json.dumps(_upload(demos))}")
     try:

@@ -132,7 +132,9 @@ def _supervise(stack: LocalStack, console: Console) -> None:
                     del due[name]
                     started[name] = now
                     stack.services[name].start()
-                    live.console.print(f"{name} restarted (start {stack.services[name].starts})", markup=False)
+                    live.console.print(
+                        f"{name} restarted (start {stack.services[name].starts})", markup=False
+                    )
             live.update(_table(stack))
             time.sleep(0.5)
 

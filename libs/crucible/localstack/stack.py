@@ -189,7 +189,9 @@ class LocalStack:
         from crucible.bus import Bus
         from crucible.objectstore import ObjectStore
 
-        fields: dict[str, Any] = {k.removeprefix("CRUCIBLE_").lower(): v for k, v in self.settings_env.items()}
+        fields: dict[str, Any] = {
+            k.removeprefix("CRUCIBLE_").lower(): v for k, v in self.settings_env.items()
+        }
         settings = CommonSettings(**fields)  # strings, parsed as the environment's would be
 
         async def work() -> None:
@@ -303,7 +305,9 @@ class LocalStack:
 
     def _server(self, name: str) -> Server:
         if name not in ("nats", "redis", "seaweedfs") or name not in self.servers:
-            raise ValueError(f"no embedded {name!r} server to stop or start (embedded: {', '.join(self.servers)})")
+            raise ValueError(
+                f"no embedded {name!r} server to stop or start (embedded: {', '.join(self.servers)})"
+            )
         return self.servers[name]
 
     def log_tail(self, name: str, *, lines: int = 30) -> str:

@@ -33,7 +33,11 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(k_width, eps=cfg.norm_eps)
 
     def forward(
-        self, x_BTD: torch.Tensor, cos_Td: torch.Tensor, sin_Td: torch.Tensor, cache: KVCache | SlotBatch | None
+        self,
+        x_BTD: torch.Tensor,
+        cos_Td: torch.Tensor,
+        sin_Td: torch.Tensor,
+        cache: KVCache | SlotBatch | None,
     ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
@@ -50,5 +54,7 @@ class Attention(nn.Module):
         if cache is not None:
             mask = cache.mask(T)
             k, v = cache.write(self.layer_id, k, v)
-        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=True
+        )
         return self.wo(o.transpose(1, 2).reshape(B, T, -1))

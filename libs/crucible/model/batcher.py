@@ -105,7 +105,9 @@ class ContinuousBatcher:
         self._cache: SlotCache | None = None
         self._residents: dict[int, _Resident] = {}  # id(sequence) -> resident
         self._free: list[int] = []
-        self._kept: OrderedDict[int, _Kept] = OrderedDict()  # released slots whose cache is kept, oldest first
+        self._kept: OrderedDict[int, _Kept] = (
+            OrderedDict()
+        )  # released slots whose cache is kept, oldest first
         self._queue: list[_Request] = []  # in arrival order
         self._cond = threading.Condition()
         self._closed = False
@@ -177,7 +179,9 @@ class ContinuousBatcher:
             fed = resident.sequence.fed
             if fed and resident.version >= 0:
                 routes = list(resident.sequence.routes[:fed])
-                self._kept[resident.slot] = _Kept(list(resident.sequence.tokens[:fed]), routes, resident.version)
+                self._kept[resident.slot] = _Kept(
+                    list(resident.sequence.tokens[:fed]), routes, resident.version
+                )
             else:
                 self._free.append(resident.slot)  # `_place` empties it for its next sequence
 
@@ -259,7 +263,9 @@ class ContinuousBatcher:
                     return False
                 grown = min(self.max_slots, max(8, 2 * size))
                 if self._cache is None:
-                    self._cache = SlotCache.of(self._model.new_cache(batch_size=grown, max_len=self.max_context))
+                    self._cache = SlotCache.of(
+                        self._model.new_cache(batch_size=grown, max_len=self.max_context)
+                    )
                 else:
                     self._cache.grow(grown)
                 self._free = list(range(grown - 1, size - 1, -1))
@@ -293,9 +299,14 @@ class ContinuousBatcher:
         sequence = request.resident.sequence
         vocab = self._model.cfg.vocab_size  # type: ignore[union-attr]
         if len(sequence.tokens) > self.max_context:
-            self._finish(request, BatcherError(f"{len(sequence.tokens)} tokens exceed the context of {self.max_context}"))
+            self._finish(
+                request,
+                BatcherError(f"{len(sequence.tokens)} tokens exceed the context of {self.max_context}"),
+            )
         elif self._pending(request) < 1 and request.choose is not None:
-            self._finish(request, BatcherError("nothing to feed: a sequence must end with the token to continue from"))
+            self._finish(
+                request, BatcherError("nothing to feed: a sequence must end with the token to continue from")
+            )
         elif any(not 0 <= t < vocab for t in sequence.tokens[sequence.fed :]):
             self._finish(request, BatcherError(f"token ids must be in [0, {vocab})"))
         return not request.future.done()
@@ -308,12 +319,19 @@ class ContinuousBatcher:
         least = max(sequence.fed, self.min_shared_prefix - 1)  # share at least min_shared_prefix in all
         best, source = least, None
         for other in residents:
-            if other is resident or other.slot < 0 or other.version != self._version or other.sequence.fed <= best:
+            if (
+                other is resident
+                or other.slot < 0
+                or other.version != self._version
+                or other.sequence.fed <= best
+            ):
                 continue
             n = _common_prefix(sequence.tokens, other.sequence.tokens, min(want, other.sequence.fed))
             if n > best:
                 best, source = n, other
-        coming = max((_common_prefix(sequence.tokens, r.resident.sequence.tokens, want) for r in ahead), default=0)
+        coming = max(
+            (_common_prefix(sequence.tokens, r.resident.sequence.tokens, want) for r in ahead), default=0
+        )
         if source is None:
             return coming > least
         assert self._cache is not None
@@ -330,7 +348,10 @@ class ContinuousBatcher:
     def _forward(self, requests: list[_Request], n: int) -> None:
         model, version = self._model, self._version
         assert model is not None and self._cache is not None
-        tokens = [r.resident.sequence.tokens[r.resident.sequence.fed : r.resident.sequence.fed + n] for r in requests]
+        tokens = [
+            r.resident.sequence.tokens[r.resident.sequence.fed : r.resident.sequence.fed + n]
+            for r in requests
+        ]
         batch = self._cache.batch([r.resident.slot for r in requests])
         try:
             out = model(torch.tensor(tokens, dtype=torch.long), cache=batch, last_only=True)

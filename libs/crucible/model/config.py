@@ -83,14 +83,17 @@ class ModelConfig:
             problems.append(f"qk_norm {self.qk_norm!r} is not one of {QK_NORMS}")
         if self.attention not in ATTENTIONS:
             problems.append(f"attention {self.attention!r} is not one of {ATTENTIONS}")
-        if self.attention == "mla" and min(
-            self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim
-        ) <= 0:
+        if (
+            self.attention == "mla"
+            and min(self.kv_lora_rank, self.qk_nope_head_dim, self.qk_rope_head_dim, self.v_head_dim) <= 0
+        ):
             problems.append("mla needs positive kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim, v_head_dim")
         if self.attention == "mla" and self.qk_rope_head_dim % 2:
             problems.append("qk_rope_head_dim must be even for rotary embeddings")
         if self.num_experts and (self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group):
-            problems.append(f"num_experts {self.num_experts} in n_group {self.n_group} groups, topk_group {self.topk_group}")
+            problems.append(
+                f"num_experts {self.num_experts} in n_group {self.n_group} groups, topk_group {self.topk_group}"
+            )
         if self.router_scoring not in ROUTER_SCORINGS:
             problems.append(f"router_scoring {self.router_scoring!r} is not one of {ROUTER_SCORINGS}")
         if self.num_experts < 0 or self.num_experts > 255:

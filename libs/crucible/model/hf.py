@@ -42,7 +42,9 @@ def _rope_theta(hf: dict[str, Any], where: str) -> float:
     scaling = hf.get("rope_scaling") or {}
     kind = scaling.get("rope_type") or scaling.get("type") or rope.get("rope_type") or "default"
     if kind != "default":
-        raise CheckpointError(f"{where}: rope type {kind!r} is not supported (only the default rotary embedding)")
+        raise CheckpointError(
+            f"{where}: rope type {kind!r} is not supported (only the default rotary embedding)"
+        )
     theta = rope.get("rope_theta", hf.get("rope_theta"))
     if theta is None:
         raise CheckpointError(f"{where}: no rope_theta in config.json")
@@ -92,8 +94,12 @@ def config_from_hf(hf: dict[str, Any], *, where: str = "config.json") -> ModelCo
                 "bias_update_rate": 0.0,  # these routers balance with an auxiliary loss, not a selection bias
                 "first_moe_layer": 0,
             }
-            if model_type == "qwen3_moe" and (hf.get("mlp_only_layers") or int(hf.get("decoder_sparse_step", 1)) != 1):
-                raise CheckpointError(f"{where}: qwen3_moe with dense layers between sparse ones is not supported")
+            if model_type == "qwen3_moe" and (
+                hf.get("mlp_only_layers") or int(hf.get("decoder_sparse_step", 1)) != 1
+            ):
+                raise CheckpointError(
+                    f"{where}: qwen3_moe with dense layers between sparse ones is not supported"
+                )
     except (KeyError, TypeError) as exc:
         raise CheckpointError(f"{where}: missing or malformed field {exc}") from None
     try:
@@ -231,7 +237,10 @@ def _expert_names(family: str) -> tuple[str, str, str, str, str]:
 def to_crucible(hf: dict[str, torch.Tensor], cfg: ModelConfig, *, where: str) -> dict[str, torch.Tensor]:
     """Hugging Face tensor names (on-disk per-expert or fused layout) to Crucible's state dict."""
     take = _Taker(hf, where)
-    out = {"tok_embeddings.weight": take("model.embed_tokens.weight"), "norm.weight": take("model.norm.weight")}
+    out = {
+        "tok_embeddings.weight": take("model.embed_tokens.weight"),
+        "norm.weight": take("model.norm.weight"),
+    }
     if not cfg.tie_embeddings:
         out["output.weight"] = take("lm_head.weight")
     else:
@@ -274,7 +283,9 @@ def to_crucible(hf: dict[str, torch.Tensor], cfg: ModelConfig, *, where: str) ->
         out[q + "moe.router.expert_bias"] = take(bias) if take.has(bias) else torch.zeros(cfg.num_experts)
         if cfg.shared_expert_dim:
             for ours, theirs in MLP_NAMES:
-                out[q + f"moe.shared_expert.{ours}.weight"] = take(p + f"{block}.shared_experts.{theirs}.weight")
+                out[q + f"moe.shared_expert.{ours}.weight"] = take(
+                    p + f"{block}.shared_experts.{theirs}.weight"
+                )
     take.check_all_used()
     return {k: v.contiguous() for k, v in out.items()}
 
@@ -283,7 +294,10 @@ def from_crucible(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
     """Crucible's state dict to Hugging Face names, experts per expert (the layout checkpoints keep on disk)."""
     family = hf_config(cfg)["model_type"]
     hd, H, KV = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-    out = {"model.embed_tokens.weight": state["tok_embeddings.weight"], "model.norm.weight": state["norm.weight"]}
+    out = {
+        "model.embed_tokens.weight": state["tok_embeddings.weight"],
+        "model.norm.weight": state["norm.weight"],
+    }
     if not cfg.tie_embeddings:
         out["lm_head.weight"] = state["output.weight"]
     for i in range(cfg.n_layers):
@@ -295,10 +309,14 @@ def from_crucible(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
             for ours, theirs in _mla_names(cfg):
                 out[attn + f"{theirs}.weight"] = state[q + f"attention.{ours}.weight"]
         else:
-            for x, part in zip("qkv", state[q + "attention.wqkv.weight"].split([H * hd, KV * hd, KV * hd]), strict=True):
+            for x, part in zip(
+                "qkv", state[q + "attention.wqkv.weight"].split([H * hd, KV * hd, KV * hd]), strict=True
+            ):
                 out[attn + f"{x}_proj.weight"] = part
             if cfg.qkv_bias:
-                for x, part in zip("qkv", state[q + "attention.wqkv.bias"].split([H * hd, KV * hd, KV * hd]), strict=True):
+                for x, part in zip(
+                    "qkv", state[q + "attention.wqkv.bias"].split([H * hd, KV * hd, KV * hd]), strict=True
+                ):
                     out[attn + f"{x}_proj.bias"] = part
             out[attn + "o_proj.weight"] = state[q + "attention.wo.weight"]
         if cfg.qk_norm != "none":
@@ -312,9 +330,13 @@ def from_crucible(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str,
         if family == "deepseek_v3":
             out[p + f"{block}.{router}.e_score_correction_bias"] = state[q + "moe.router.expert_bias"]
             for ours, theirs in MLP_NAMES:
-                out[p + f"{block}.shared_experts.{theirs}.weight"] = state[q + f"moe.shared_expert.{ours}.weight"]
+                out[p + f"{block}.shared_experts.{theirs}.weight"] = state[
+                    q + f"moe.shared_expert.{ours}.weight"
+                ]
         elif bool(state[q + "moe.router.expert_bias"].any()):
-            raise CheckpointError(f"layer {i}: the router's selection bias is not zero and has no {family} form")
+            raise CheckpointError(
+                f"layer {i}: the router's selection bias is not zero and has no {family} form"
+            )
         out[p + f"{block}.{router}.weight"] = state[q + "moe.router.weight"]
         for ours, theirs in (("w1_EFD", gate), ("w3_EFD", up), ("w2_EDF", down)):
             for e, w in enumerate(state[q + f"moe.experts.{ours}"]):
@@ -424,7 +446,9 @@ def _read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], str
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
     except Exception as exc:  # the loader raises many types for a truncated or foreign file
-        raise CheckpointError(f"{where}: not a readable GGUF checkpoint: {type(exc).__name__}: {exc}") from None
+        raise CheckpointError(
+            f"{where}: not a readable GGUF checkpoint: {type(exc).__name__}: {exc}"
+        ) from None
     tensors = dict(hf_model.state_dict())
     return config.to_dict(), tensors, where
 
@@ -443,7 +467,9 @@ def export_weights(state: dict[str, torch.Tensor], cfg: ModelConfig, out: str | 
     tensors = from_crucible(state, cfg)
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "model.safetensors.partial"
-    save_file({k: v.to(torch.float32) for k, v in tensors.items()}, os.fspath(partial), metadata={"format": "pt"})
+    save_file(
+        {k: v.to(torch.float32) for k, v in tensors.items()}, os.fspath(partial), metadata={"format": "pt"}
+    )
     partial.rename(out / "model.safetensors")
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     return out

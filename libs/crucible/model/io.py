@@ -85,7 +85,11 @@ MODEL_CONFIG = "model_config.json"
 
 
 def save_checkpoint(
-    model: Transformer, directory: str | os.PathLike, *, tokenizer: Any = None, shard_bytes: int = DEFAULT_SHARD_BYTES
+    model: Transformer,
+    directory: str | os.PathLike,
+    *,
+    tokenizer: Any = None,
+    shard_bytes: int = DEFAULT_SHARD_BYTES,
 ) -> Path:
     """Write a Crucible checkpoint directory: safetensors shards, their manifest (the checkpoint store's
     WeightsManifest, shard uris relative to the directory), the model config and, if given, the
@@ -111,10 +115,17 @@ def save_checkpoint(
             (partial / name).write_bytes(data)
             shards.append(ObjectRef(uri=name, sha256=hashlib.sha256(data).hexdigest(), size=len(data)))
             entries += [
-                TensorEntry(name=n, shape=list(state[n].shape), dtype=str(state[n].dtype).removeprefix("torch."), shard=index)
+                TensorEntry(
+                    name=n,
+                    shape=list(state[n].shape),
+                    dtype=str(state[n].dtype).removeprefix("torch."),
+                    shard=index,
+                )
                 for n in names
             ]
-        manifest = WeightsManifest(run_id="local", version=0, step=0, created_at=time.time(), tensors=entries, shards=shards)
+        manifest = WeightsManifest(
+            run_id="local", version=0, step=0, created_at=time.time(), tensors=entries, shards=shards
+        )
         (partial / MANIFEST).write_bytes(encode(manifest))
         (partial / MODEL_CONFIG).write_text(model.cfg.to_json() + "\n")
         if tokenizer is not None:

@@ -173,9 +173,15 @@ class SlotBatch:
         end = self.length + T
         if self.contiguous:
             first = self.rows[0]
-            k, v = k_cache[first : first + len(self.rows), :, :end], v_cache[first : first + len(self.rows), :, :end]
+            k, v = (
+                k_cache[first : first + len(self.rows), :, :end],
+                v_cache[first : first + len(self.rows), :, :end],
+            )
         else:
-            k, v = k_cache[:, :, :end].index_select(0, self.rows_B), v_cache[:, :, :end].index_select(0, self.rows_B)
+            k, v = (
+                k_cache[:, :, :end].index_select(0, self.rows_B),
+                v_cache[:, :, :end].index_select(0, self.rows_B),
+            )
         return k.to(k_BHTd.dtype), v.to(v_BHTd.dtype)
 
     def mask(self, n: int) -> torch.Tensor:

@@ -46,7 +46,11 @@ class LatentAttention(nn.Module):
         self.wo = Linear(cfg.n_heads * self.v_dim, cfg.dim)
 
     def forward(
-        self, x_BTD: torch.Tensor, cos_Td: torch.Tensor, sin_Td: torch.Tensor, cache: KVCache | SlotBatch | None
+        self,
+        x_BTD: torch.Tensor,
+        cos_Td: torch.Tensor,
+        sin_Td: torch.Tensor,
+        cache: KVCache | SlotBatch | None,
     ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H = self.n_heads

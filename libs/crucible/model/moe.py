@@ -72,8 +72,12 @@ class Router(nn.Module):
         if self.n_group > 1:  # only within the topk_group groups whose two best experts score highest
             grouped = choice.view(-1, self.n_group, self.num_experts // self.n_group)
             best = grouped.topk(min(2, grouped.shape[-1]), dim=-1).values.sum(-1)
-            keep = torch.zeros_like(best, dtype=torch.bool).scatter_(1, best.topk(self.topk_group, dim=-1).indices, True)
-            choice = choice.masked_fill(~keep.repeat_interleave(self.num_experts // self.n_group, dim=1), float("-inf"))
+            keep = torch.zeros_like(best, dtype=torch.bool).scatter_(
+                1, best.topk(self.topk_group, dim=-1).indices, True
+            )
+            choice = choice.masked_fill(
+                ~keep.repeat_interleave(self.num_experts // self.n_group, dim=1), float("-inf")
+            )
         ids = torch.topk(choice, self.top_k, dim=-1).indices
         if replay_NK is not None:
             ids = torch.where(replay_NK[:, :1] >= 0, replay_NK, ids)

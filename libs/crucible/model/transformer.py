@@ -29,7 +29,9 @@ class TransformerBlock(nn.Module):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.dim, eps=cfg.norm_eps)
         self.attention = (
-            LatentAttention(cfg, layer_id=layer_id) if cfg.attention == "mla" else Attention(cfg, layer_id=layer_id)
+            LatentAttention(cfg, layer_id=layer_id)
+            if cfg.attention == "mla"
+            else Attention(cfg, layer_id=layer_id)
         )
         self.ffn_norm = RMSNorm(cfg.dim, eps=cfg.norm_eps)
         if layer_id in cfg.moe_layers:

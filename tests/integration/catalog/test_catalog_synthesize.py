@@ -65,12 +65,22 @@ async def test_synthesis_yields_verified_tasks(project, asked, tmp_path, common_
         async with sessionmaker() as session:
             from sqlalchemy import select
 
-            rows = (await session.scalars(select(Task).where(Task.taskset == project.replace("_", "-")))).all()
+            rows = (
+                await session.scalars(select(Task).where(Task.taskset == project.replace("_", "-")))
+            ).all()
         assert len(rows) == asked
         for row in rows:
-            assert row.source == "synthesized" and row.fail_to_pass and row.reference_patch.startswith("diff --git")
+            assert (
+                row.source == "synthesized"
+                and row.fail_to_pass
+                and row.reference_patch.startswith("diff --git")
+            )
             assert "tests" not in row.reference_patch.split("\n", 1)[0]  # the fix is in library code
-            removed = [line[1:].strip() for line in row.reference_patch.splitlines() if line.startswith("-") and not line.startswith("---")]
+            removed = [
+                line[1:].strip()
+                for line in row.reference_patch.splitlines()
+                if line.startswith("-") and not line.startswith("---")
+            ]
             assert not any(len(r) >= 6 and r in row.statement for r in removed), row.statement
         print(report.as_json())
     finally:

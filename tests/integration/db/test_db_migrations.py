@@ -23,7 +23,14 @@ from crucible.db.models import Base
 
 pytestmark = pytest.mark.integration
 TABLES = {
-    "runs", "steps", "step_trajectories", "trajectories", "gradings", "checkpoints", "tasks", "evaluations",
+    "runs",
+    "steps",
+    "step_trajectories",
+    "trajectories",
+    "gradings",
+    "checkpoints",
+    "tasks",
+    "evaluations",
     "api_keys",
 }
 

@@ -120,7 +120,9 @@ def _gone(directory: Path, *, timeout_s: float = 60) -> bool:
 
 
 @pytest.mark.slow
-def test_up_restarts_a_service_that_dies_and_its_children_die_with_it(tmp_path: Path, s3: dict[str, str]) -> None:
+def test_up_restarts_a_service_that_dies_and_its_children_die_with_it(
+    tmp_path: Path, s3: dict[str, str]
+) -> None:
     state = tmp_path / "state"
     up = _start_up(state, s3)
     lines: list[str] = []
@@ -189,7 +191,10 @@ def test_keys_are_made_listed_and_revoked_in_the_database(tmp_path: Path) -> Non
     written = crucible("keys", "create", "--scope", "admin", "--file", str(tmp_path / "key"), "--url", url)
     assert written.returncode == 0 and (tmp_path / "key").stat().st_mode & 0o777 == 0o600
     listed = json.loads(crucible("keys", "list", "--json", "--url", url).stdout)
-    assert [(k["name"], k["scope"], k["revoked_at"]) for k in listed] == [("viewer", "read", None), ("cli", "admin", None)]
+    assert [(k["name"], k["scope"], k["revoked_at"]) for k in listed] == [
+        ("viewer", "read", None),
+        ("cli", "admin", None),
+    ]
     assert printed.stdout.strip() not in json.dumps(listed)
     viewer = listed[0]["key_id"]
     assert crucible("keys", "revoke", viewer, "--url", url).returncode == 0
@@ -209,7 +214,9 @@ def test_identities_are_kept_and_the_operator_sets_up_the_streams(tmp_path: Path
     assert first.returncode == 0, first.stderr
     key = read_s3_key(s3_key_file(folder, "grader"))
     again = crucible("identities", str(folder))
-    assert again.stdout == first.stdout and read_s3_key(s3_key_file(folder, "grader")) == key  # nothing made anew
+    assert (
+        again.stdout == first.stdout and read_s3_key(s3_key_file(folder, "grader")) == key
+    )  # nothing made anew
     for secret in (seed_file(folder, "grader"), s3_key_file(folder, "grader")):
         assert secret.stat().st_mode & 0o777 == 0o600 and secret.read_text().split()[-1] not in first.stdout
     assert (folder / SERVER_CONFIG).is_file() and (folder / "server" / "minio" / "sandbox.json").is_file()
@@ -219,7 +226,10 @@ def test_identities_are_kept_and_the_operator_sets_up_the_streams(tmp_path: Path
     try:
         anonymous = crucible("bus", "setup", env={"CRUCIBLE_NATS_URL": server.url})
         assert anonymous.returncode == 2 and "refused no identity" in anonymous.stderr, anonymous.stderr
-        operator = {"CRUCIBLE_NATS_URL": server.url, "CRUCIBLE_NATS_NKEY_FILE": str(seed_file(folder, "admin"))}
+        operator = {
+            "CRUCIBLE_NATS_URL": server.url,
+            "CRUCIBLE_NATS_NKEY_FILE": str(seed_file(folder, "admin")),
+        }
         done = crucible("bus", "setup", env=operator)
         assert done.returncode == 0 and "streams ready" in done.stdout, done.stderr
     finally:

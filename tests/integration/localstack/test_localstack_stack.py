@@ -54,7 +54,9 @@ def test_each_service_runs_on_its_own_identities_and_comes_up_with_them(tmp_path
     `settings_env` carries), and becomes ready on them."""
     with LocalStack(services=("checkpoints",), state_dir=tmp_path / "stack") as stack:
         env = stack.service("checkpoints").env
-        own = CommonSettings(**{k.removeprefix("CRUCIBLE_").lower(): v for k, v in env.items() if k.startswith("CRUCIBLE_")})
+        own = CommonSettings(
+            **{k.removeprefix("CRUCIBLE_").lower(): v for k, v in env.items() if k.startswith("CRUCIBLE_")}
+        )
         assert own.nats_nkey_file == stack.identities / "checkpoints" / "seed.nk"
         assert own.s3_access_key == "crucible-checkpoints" != stack.settings_env["CRUCIBLE_S3_ACCESS_KEY"]
         assert stack.settings_env["CRUCIBLE_NATS_NKEY_FILE"] == str(stack.identities / "admin" / "seed.nk")

@@ -84,7 +84,10 @@ async def test_each_service_does_its_work_and_nothing_else(stores):
     await refused(trainer.put_bytes(SNAPSHOT, b"forged"))
 
     checkpoints, api = stores["checkpoints"], stores["api"]
-    assert await checkpoints.list("runs/r1/weights/") == [WEIGHTS, "runs/r1/weights/000002/shard-0.safetensors"]
+    assert await checkpoints.list("runs/r1/weights/") == [
+        WEIGHTS,
+        "runs/r1/weights/000002/shard-0.safetensors",
+    ]
     await refused(checkpoints.list("runs/r1/"))
     await refused(checkpoints.put_bytes(TRAJECTORY, b"forged"))
     listed = await api.list("runs/r1/trajectories/")

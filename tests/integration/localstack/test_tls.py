@@ -25,7 +25,9 @@ async def test_the_bus_over_tls_with_identities(tmp_path):
     server = start_nats(state_dir=tmp_path, identities=folder, tls=(cert, key))
     try:
         assert server.url.startswith("tls://")
-        operator = CommonSettings(nats_url=server.url, nats_nkey_file=seed_file(folder, "admin"), nats_tls_ca_file=ca)
+        operator = CommonSettings(
+            nats_url=server.url, nats_nkey_file=seed_file(folder, "admin"), nats_tls_ca_file=ca
+        )
         bus = await Bus.connect(operator, name="admin")
         try:
             await bus.ensure_streams()
@@ -42,7 +44,9 @@ async def test_the_bus_over_tls_with_identities(tmp_path):
 
 async def test_the_object_store_over_https(tmp_path):
     ca, cert, key = make_certificates(tmp_path / "certs")
-    server = start_seaweedfs(state_dir=tmp_path, access_key="operator", secret_key="operator-secret", tls=(cert, key))
+    server = start_seaweedfs(
+        state_dir=tmp_path, access_key="operator", secret_key="operator-secret", tls=(cert, key)
+    )
     try:
         secure = CommonSettings(
             s3_endpoint=server.tls_endpoint, s3_secure=True, s3_ca_file=ca, s3_access_key="operator",

@@ -25,7 +25,9 @@ def test_bad_config_exits_2_naming_the_setting():
     done = subprocess.run(
         [sys.executable, "-m", "services.checkpoints"],
         env=service_env(CRUCIBLE_HTTP_PORT="not-a-port", CRUCIBLE_CLAIM_CHECK_BYTES="12"),
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 2
     assert "invalid configuration" in done.stderr
@@ -43,7 +45,9 @@ def test_unreachable_bus_exits_1_with_the_reason(common_settings):
             CRUCIBLE_S3_SECRET_KEY=settings.s3_secret_key,
             CRUCIBLE_S3_BUCKET=settings.s3_bucket,
         ),
-        capture_output=True, text=True, timeout=60,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert done.returncode == 1
     assert "cannot connect to NATS at nats://127.0.0.1:1" in done.stderr
@@ -60,7 +64,9 @@ def test_sigterm_drains_and_exits_0(common_settings, unused_tcp_port):
         CRUCIBLE_S3_BUCKET=settings.s3_bucket,
         CRUCIBLE_HTTP_PORT=str(unused_tcp_port),
     )
-    proc = subprocess.Popen([sys.executable, "-m", "services.checkpoints"], env=env, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "services.checkpoints"], env=env, stderr=subprocess.PIPE, text=True
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -96,13 +102,20 @@ async def test_readiness_follows_the_services_dependencies(common_settings, tmp_
             base = f"http://127.0.0.1:{rt.http_port}"
             async with httpx.AsyncClient(base_url=base, timeout=10) as client:
                 ready = await client.get("/readyz")
-                assert ready.status_code == 200 and ready.json() == {"ready": True, "bus": True, "redis": True, "s3": True}
+                assert ready.status_code == 200 and ready.json() == {
+                    "ready": True,
+                    "bus": True,
+                    "redis": True,
+                    "s3": True,
+                }
                 redis.stop()
                 for _ in range(100):  # observed: the probe notices
                     ready = await client.get("/readyz")
                     if ready.status_code == 503:
                         break
-                assert ready.status_code == 503 and ready.json()["redis"] is False and ready.json()["s3"] is True
+                assert (
+                    ready.status_code == 503 and ready.json()["redis"] is False and ready.json()["s3"] is True
+                )
                 assert (await client.get("/healthz")).status_code == 200
     finally:
         redis.stop()

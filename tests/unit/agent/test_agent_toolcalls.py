@@ -29,7 +29,9 @@ def model(tokenizer):
     return from_transformers(transformers.LlamaForCausalLM(config).eval())
 
 
-def sample_action(model, grammar: ToolCallGrammar, prompt: list[int], *, seed: int) -> tuple[list[int], list[float]]:
+def sample_action(
+    model, grammar: ToolCallGrammar, prompt: list[int], *, seed: int
+) -> tuple[list[int], list[float]]:
     """The sampler's loop: each token from the masked distribution, its logprob recorded."""
     generator = torch.Generator().manual_seed(seed)
     matcher = grammar.matcher()
@@ -51,7 +53,9 @@ def sample_action(model, grammar: ToolCallGrammar, prompt: list[int], *, seed: i
 def test_sampled_actions_parse_and_replay_to_the_recorded_logprobs(tokenizer, model) -> None:
     grammar = ToolCallGrammar(tokenizer, vocab_size=model.cfg.vocab_size, max_chars=12)
     prompt = render_prompt(tokenizer, [{"role": "user", "content": "Fix add()."}])
-    assert "<tools>" in tokenizer.decode(prompt)  # this template does not render tools: the system message does
+    assert "<tools>" in tokenizer.decode(
+        prompt
+    )  # this template does not render tools: the system message does
     names = set()
     for seed in range(4):
         action, recorded = sample_action(model, grammar, prompt, seed=seed)
@@ -80,17 +84,24 @@ def test_the_grammar_refuses_what_the_schema_does_not_allow(tokenizer) -> None:
             grammar.advance(matcher, token)
     with pytest.raises(ToolCallError, match="not a tool call"):
         grammar.parse("I think the bug is in add().")
-    assert grammar.parse('<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call><|end|>') == ("submit", {})
+    assert grammar.parse('<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call><|end|>') == (
+        "submit",
+        {},
+    )
 
 
 def test_a_tokenizer_without_a_chat_template_is_a_clear_error(tokenizer) -> None:
-    bare = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, eos_token="<|end|>")
+    bare = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.backend_tokenizer, eos_token="<|end|>"
+    )
     with pytest.raises(ToolCallError, match="no chat template"):
         render_prompt(bare, [{"role": "user", "content": "x"}])
 
 
 def test_a_template_that_renders_tools_gets_them_natively(tokenizer) -> None:
-    native = transformers.PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, eos_token="<|end|>")
+    native = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer.backend_tokenizer, eos_token="<|end|>"
+    )
     native.chat_template = (
         "{% if tools %}<tools>{% for t in tools %}{{ t['function']['name'] }} {% endfor %}</tools>{% endif %}"
         "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}<|end|>{% endfor %}<assistant>"
@@ -109,7 +120,9 @@ def test_smollm2_asked_to_fix_a_bug_answers_with_a_valid_tool_call() -> None:
     tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = load_pretrained(path)
     grammar = ToolCallGrammar(tokenizer, vocab_size=model.cfg.vocab_size, max_chars=64)
-    prompt = render_prompt(tokenizer, [{"role": "user", "content": "The function add in calc/ops.py is wrong. Look at it."}])
+    prompt = render_prompt(
+        tokenizer, [{"role": "user", "content": "The function add in calc/ops.py is wrong. Look at it."}]
+    )
     action, recorded = sample_action(model, grammar, prompt, seed=0)
     name, _arguments = grammar.parse(tokenizer.decode(action))
     assert name in {t["function"]["name"] for t in TOOLS} and len(recorded) == len(action)

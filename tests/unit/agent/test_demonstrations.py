@@ -27,7 +27,9 @@ from crucible.contracts.packing import unpack
 from crucible.contracts.runconfig import RunConfig
 from services.catalog.generator import generate_task
 
-CONFIG = RunConfig.model_validate({"agent": {"max_turns": 6, "max_action_tokens": 400, "max_observation_bytes": 300}})
+CONFIG = RunConfig.model_validate(
+    {"agent": {"max_turns": 6, "max_action_tokens": 400, "max_observation_bytes": 300}}
+)
 
 
 def applied(files: dict[str, str], actions) -> dict[str, str]:
@@ -76,12 +78,28 @@ CONVERSATION = {
     "messages": [
         {"role": "system", "content": "ignored: the agent's own system prompt is used"},
         {"role": "user", "content": "add() subtracts"},
-        {"role": "assistant", "tool_calls": [{"function": {"name": "read_file", "arguments": '{"path": "calc.py"}'}}]},
+        {
+            "role": "assistant",
+            "tool_calls": [{"function": {"name": "read_file", "arguments": '{"path": "calc.py"}'}}],
+        },
         {"role": "tool", "content": "def add(a, b):\n    return a - b\n"},
-        {"role": "assistant", "tool_calls": [{"function": {"name": "replace", "arguments": {
-            "path": "calc.py", "old": "return a - b", "new": "return a + b"}}}]},
+        {
+            "role": "assistant",
+            "tool_calls": [
+                {
+                    "function": {
+                        "name": "replace",
+                        "arguments": {"path": "calc.py", "old": "return a - b", "new": "return a + b"},
+                    }
+                }
+            ],
+        },
         {"role": "tool", "content": "calc.py: replaced; new text at lines 2-2"},
-        {"role": "assistant", "content": "Fixed.", "tool_calls": [{"function": {"name": "submit", "arguments": "{}"}}]},
+        {
+            "role": "assistant",
+            "content": "Fixed.",
+            "tool_calls": [{"function": {"name": "submit", "arguments": "{}"}}],
+        },
     ]
 }
 
@@ -97,7 +115,10 @@ def play(actor, episode):
 
 def test_an_imported_conversation_plays_in_the_byte_level_format() -> None:
     (episode,) = imported_episodes(json.dumps(CONVERSATION) + "\n\n")
-    assert episode.statement == "add() subtracts" and [a.name for a in episode.actions] == ["read_file", "replace"]
+    assert episode.statement == "add() subtracts" and [a.name for a in episode.actions] == [
+        "read_file",
+        "replace",
+    ]
     trajectory = play(Teacher(episode.actions, agent=CONFIG.agent, max_context=2048), episode)
     assert trajectory.finish_reason == "submitted"
     tokens, mask = unpack("u32", trajectory.tokens), unpack("u8", trajectory.loss_mask)
@@ -114,7 +135,9 @@ def test_an_imported_conversation_plays_in_the_byte_level_format() -> None:
 def test_an_imported_conversation_plays_in_a_chat_models_format(tokenizer) -> None:
     calls = ToolCallGrammar.for_agent(tokenizer, vocab_size=len(tokenizer), agent=CONFIG.agent)
     (episode,) = imported_episodes(json.dumps(CONVERSATION))
-    actor = Teacher(episode.actions, agent=CONFIG.agent, max_context=4096, tokenizer=tokenizer, tool_calls=calls)
+    actor = Teacher(
+        episode.actions, agent=CONFIG.agent, max_context=4096, tokenizer=tokenizer, tool_calls=calls
+    )
     trajectory = play(actor, episode)
     assert trajectory.finish_reason == "submitted"
     tokens, mask = unpack("u32", trajectory.tokens), unpack("u8", trajectory.loss_mask)
@@ -123,7 +146,11 @@ def test_an_imported_conversation_plays_in_a_chat_models_format(tokenizer) -> No
     masks = calls.replay_masks(tokens, [c == grammar.TOOL_CALL for c in constraints])
     assert all(masks[t, token] for t, token in enumerate(tokens) if mask[t])
     actions = tokenizer.decode([t for t, m in zip(tokens, mask, strict=True) if m])
-    assert actions.count("<tool_call>") == 3 and '"return a + b"' in actions and actions.endswith(tokenizer.eos_token)
+    assert (
+        actions.count("<tool_call>") == 3
+        and '"return a + b"' in actions
+        and actions.endswith(tokenizer.eos_token)
+    )
     assert "def add(a, b)" in tokenizer.decode(tokens)
 
 
@@ -143,8 +170,20 @@ def test_a_demonstration_over_the_agent_budget_is_refused() -> None:
     [
         ("not json", "line 1: not a chat conversation"),
         (json.dumps({"messages": [{"role": "assistant", "content": "hi"}]}), "line 1: not a chat"),
-        (json.dumps({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [
-            {"function": {"name": "rm_rf", "arguments": {}}}]}]}), "line 1: unknown tools"),
+        (
+            json.dumps(
+                {
+                    "messages": [
+                        {"role": "user", "content": "x"},
+                        {
+                            "role": "assistant",
+                            "tool_calls": [{"function": {"name": "rm_rf", "arguments": {}}}],
+                        },
+                    ]
+                }
+            ),
+            "line 1: unknown tools",
+        ),
     ],
 )
 def test_malformed_imports_name_their_line(line, message) -> None:

@@ -50,7 +50,9 @@ def test_every_name_choice_renders_and_no_local_shadows_a_callee(case):
     family, unit = case
     callees = [family.unit(key) for key in unit.calls]
     for chosen in itertools.product(unit.names, *(c.names for c in callees)):
-        names = {u.key: u.names[0] for u in family.units} | dict(zip([unit.key, *unit.calls], chosen, strict=True))
+        names = {u.key: u.names[0] for u in family.units} | dict(
+            zip([unit.key, *unit.calls], chosen, strict=True)
+        )
         tree = ast.parse(_render(family, unit, names))
         assigned = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
         assigned |= {

@@ -62,13 +62,19 @@ def test_hidden_tests_that_all_pass_on_the_bug_are_refused(task):
 def test_a_listed_test_that_does_not_exist_is_refused(task):
     ghost = (*task.pass_to_pass, f"{HIDDEN_TESTS}::test_that_is_not_there")
     result = verify_task(dataclasses.replace(task, pass_to_pass=ghost))
-    assert not result.ok and "did not run on the snapshot, e.g. tests/test_hidden.py::test_that_is_not_there" in result.reason
+    assert (
+        not result.ok
+        and "did not run on the snapshot, e.g. tests/test_hidden.py::test_that_is_not_there" in result.reason
+    )
 
 
 def test_the_verdict_rule_by_hand():
     f2p, p2p = ["a::f"], ["a::p"]
     ok = {"a::f": "passed", "a::p": "passed"}
-    assert verdict(fail_to_pass=f2p, pass_to_pass=p2p, before={"a::f": "failed", "a::p": "passed"}, after=ok) == ""
+    assert (
+        verdict(fail_to_pass=f2p, pass_to_pass=p2p, before={"a::f": "failed", "a::p": "passed"}, after=ok)
+        == ""
+    )
     assert verdict(fail_to_pass=[], pass_to_pass=p2p, before=ok, after=ok) == "no FAIL_TO_PASS test"
     broken = verdict(fail_to_pass=f2p, pass_to_pass=p2p, before={"a::f": "failed", "a::p": "error"}, after=ok)
     assert broken == "PASS_TO_PASS test error on the snapshot: a::p"
@@ -82,7 +88,8 @@ def test_the_verdict_rule_by_hand():
 def test_tests_that_hang_time_out(task):
     hidden = {HIDDEN_TESTS: "import time\n\n\ndef test_slow():\n    time.sleep(60)\n"}
     result = verify_task(
-        dataclasses.replace(task, hidden_files=hidden, fail_to_pass=(f"{HIDDEN_TESTS}::test_slow",)), timeout=3
+        dataclasses.replace(task, hidden_files=hidden, fail_to_pass=(f"{HIDDEN_TESTS}::test_slow",)),
+        timeout=3,
     )
     assert not result.ok and "ran past 3" in result.reason
 
@@ -95,11 +102,16 @@ def test_outcomes_are_keyed_by_node_id_and_a_liar_in_the_console_is_not_believed
         "def test_fine():\n"
         "    assert True\n"
     )
-    listed = {"fail_to_pass": (f"{HIDDEN_TESTS}::test_liar",), "pass_to_pass": (f"{HIDDEN_TESTS}::test_fine",)}
+    listed = {
+        "fail_to_pass": (f"{HIDDEN_TESTS}::test_liar",),
+        "pass_to_pass": (f"{HIDDEN_TESTS}::test_fine",),
+    }
     result = verify_task(dataclasses.replace(task, hidden_files={HIDDEN_TESTS: liar}, **listed))
     assert result.buggy[f"{HIDDEN_TESTS}::test_liar"] == "failed"
     assert result.buggy[f"{HIDDEN_TESTS}::test_fine"] == "passed"
-    assert not result.ok and result.reason == f"test failed with the reference patch: {HIDDEN_TESTS}::test_liar"
+    assert (
+        not result.ok and result.reason == f"test failed with the reference patch: {HIDDEN_TESTS}::test_liar"
+    )
 
 
 def test_the_tasks_own_modules_are_not_shadowed_by_crucibles(task):

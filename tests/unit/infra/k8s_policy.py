@@ -50,7 +50,10 @@ def pod_violations(name: str, pod: dict[str, Any], *, sandbox: bool = False) -> 
     if sandbox:
         if (pod.get("nodeSelector") or {}) != SANDBOX_POOL:
             found.append(f"{name}: the sandbox is not confined to its node pool")
-        if not any(t.get("key") == "crucible.dev/pool" and t.get("value") == "sandbox" for t in pod.get("tolerations", [])):
+        if not any(
+            t.get("key") == "crucible.dev/pool" and t.get("value") == "sandbox"
+            for t in pod.get("tolerations", [])
+        ):
             found.append(f"{name}: the sandbox does not tolerate its pool's taint")
     return found
 
@@ -84,14 +87,17 @@ def violations(documents: list[dict[str, Any]]) -> list[str]:
             continue
         name = doc["metadata"]["name"]
         template = doc["spec"]["template"]
-        found += pod_violations(name, template["spec"], sandbox=doc["kind"] == "Deployment" and name == "sandbox")
+        found += pod_violations(
+            name, template["spec"], sandbox=doc["kind"] == "Deployment" and name == "sandbox"
+        )
         if doc["kind"] != "Deployment":
             continue
         labels = template["metadata"]["labels"]
         if not any(_selects(b["spec"]["selector"], labels) for b in budgets):
             found.append(f"{name}: no PodDisruptionBudget")
         if not any(
-            _selects(p["spec"]["podSelector"], labels) and {"Ingress", "Egress"} <= set(p["spec"]["policyTypes"])
+            _selects(p["spec"]["podSelector"], labels)
+            and {"Ingress", "Egress"} <= set(p["spec"]["policyTypes"])
             for p in policies
         ):
             found.append(f"{name}: no NetworkPolicy of its own for ingress and egress")

@@ -92,7 +92,9 @@ def test_nats_runs_jetstream_config_and_health_checks_its_monitoring_port(
     compose: dict[str, Any], repo
 ) -> None:
     nats = compose["services"]["nats"]
-    mounts = {m.split(":")[1]: m.split(":")[0] for m in nats["volumes"] if isinstance(m, str) and m.startswith("./")}
+    mounts = {
+        m.split(":")[1]: m.split(":")[0] for m in nats["volumes"] if isinstance(m, str) and m.startswith("./")
+    }
     config_path = nats["command"][nats["command"].index("--config") + 1]
     assert (repo / mounts[config_path]).is_file()
     config = (repo / mounts[config_path]).read_text()
@@ -154,7 +156,9 @@ def test_published_ports_bind_loopback_only(compose: dict[str, Any]) -> None:
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} on every interface"
 
 
-def test_minio_init_makes_each_service_a_user_with_its_own_key_and_policy(compose: dict[str, Any], services) -> None:
+def test_minio_init_makes_each_service_a_user_with_its_own_key_and_policy(
+    compose: dict[str, Any], services
+) -> None:
     """The bucket is made with MinIO's root key; then each service gets a user of its own, its S3 key and
     its policy from the identities volume (`crucible identities`), which is what the service mounts."""
     from crucible.contracts.access import OBJECT_GRANTS
@@ -168,13 +172,24 @@ def test_minio_init_makes_each_service_a_user_with_its_own_key_and_policy(compos
     assert f"mc mb --ignore-existing crucible/{bucket}" in script
     loop = re.search(r"for s in ([a-z ]+); do", script)
     assert loop and set(loop.group(1).split()) == set(OBJECT_GRANTS) == set(services)
-    for step in ('"/identities/$$s/s3.key"', '"/identities/server/minio/$$s.json"', "mc admin user add", "mc admin policy attach"):
+    for step in (
+        '"/identities/$$s/s3.key"',
+        '"/identities/server/minio/$$s.json"',
+        "mc admin user add",
+        "mc admin policy attach",
+    ):
         assert step in script, step
     assert "identities:/identities:ro" in init["volumes"]
     assert init["depends_on"]["identities"]["condition"] == "service_completed_successfully"
     for service in services:
-        assert compose["services"][service]["environment"]["CRUCIBLE_S3_KEY_FILE"] == "/run/crucible/identity/s3.key"
-        assert compose["services"][service]["depends_on"]["minio-init"]["condition"] == "service_completed_successfully"
+        assert (
+            compose["services"][service]["environment"]["CRUCIBLE_S3_KEY_FILE"]
+            == "/run/crucible/identity/s3.key"
+        )
+        assert (
+            compose["services"][service]["depends_on"]["minio-init"]["condition"]
+            == "service_completed_successfully"
+        )
 
 
 def test_database_url_matches_postgres_credentials(compose: dict[str, Any], interpolate) -> None:
@@ -229,15 +244,21 @@ def test_compose_holds_no_credential_literal(compose: dict[str, Any], repo) -> N
         if url:
             password = url.split("://", 1)[1].split("@", 1)[0].split(":", 1)[1]
             assert REQUIRED.fullmatch(password), f"{name}: the database URL carries a password literal"
-    assert not re.search(r":-[^}]*(secret|password)", (repo / "docker-compose.yml").read_text(), re.IGNORECASE)
+    assert not re.search(
+        r":-[^}]*(secret|password)", (repo / "docker-compose.yml").read_text(), re.IGNORECASE
+    )
 
 
-def test_the_tls_override_turns_tls_on_for_every_client_and_both_servers(compose: dict[str, Any], repo) -> None:
+def test_the_tls_override_turns_tls_on_for_every_client_and_both_servers(
+    compose: dict[str, Any], repo
+) -> None:
     """docker-compose.tls.yml, as `docker compose -f docker-compose.yml -f docker-compose.tls.yml` merges
     it: a valid compose file naming only services of the base, every Crucible service verifying both
     servers against the CA, nats-server and MinIO serving the certificate."""
     tls = yaml.safe_load((repo / "docker-compose.tls.yml").read_text())
-    schema = json.loads(files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text())
+    schema = json.loads(
+        files("check_jsonschema.builtin_schemas.vendor").joinpath("compose-spec.json").read_text()
+    )
     assert not list(jsonschema.Draft202012Validator(schema).iter_errors(tls))
     assert set(tls["services"]) <= set(compose["services"])
     clients = {"bus-setup", "catalog", "sandbox", "rollout", "grader", "trainer", "checkpoints", "api"}

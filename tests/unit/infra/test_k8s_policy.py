@@ -37,8 +37,12 @@ def _as_kubernetes(doc: dict[str, Any]) -> list[dict[str, Any]]:
     if doc["kind"] != "RayCluster":
         return [doc]
     return [
-        {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"{doc['metadata']['name']}-{group}"},
-         "template": template}
+        {
+            "apiVersion": "v1",
+            "kind": "PodTemplate",
+            "metadata": {"name": f"{doc['metadata']['name']}-{group}"},
+            "template": template,
+        }
         for group, template in ray_pod_templates(doc).items()
     ]
 
@@ -46,12 +50,18 @@ def _as_kubernetes(doc: dict[str, Any]) -> list[dict[str, Any]]:
 def _ray_cluster_errors(doc: dict[str, Any]) -> list[str]:
     spec = doc["spec"]
     errors = [f"spec.{k} is not a RayCluster field" for k in spec.keys() - RAY_CLUSTER_FIELDS["spec"]]
-    errors += [f"headGroupSpec.{k}" for k in spec["headGroupSpec"].keys() - RAY_CLUSTER_FIELDS["headGroupSpec"]]
+    errors += [
+        f"headGroupSpec.{k}" for k in spec["headGroupSpec"].keys() - RAY_CLUSTER_FIELDS["headGroupSpec"]
+    ]
     for group in spec["workerGroupSpecs"]:
         errors += [f"{group['groupName']}.{k}" for k in group.keys() - RAY_CLUSTER_FIELDS["worker"]]
         if not group["minReplicas"] <= group["replicas"] <= group["maxReplicas"]:
             errors.append(f"{group['groupName']}: replicas outside [minReplicas, maxReplicas]")
-        errors += [f"{group['groupName']}.rayStartParams.{k}: not a string" for k, v in group["rayStartParams"].items() if not isinstance(v, str)]
+        errors += [
+            f"{group['groupName']}.rayStartParams.{k}: not a string"
+            for k, v in group["rayStartParams"].items()
+            if not isinstance(v, str)
+        ]
     if doc["apiVersion"] != "ray.io/v1":
         errors.append(f"apiVersion {doc['apiVersion']}")
     return errors
@@ -111,7 +121,10 @@ def test_the_policy_fails_a_manifest_without_each_rule(repo: Path, cut: str) -> 
 def test_the_sandbox_exception_is_its_documented_one_and_no_more(repo: Path) -> None:
     sandbox = manifests(repo)["sandbox.yaml"]
     assert violations(sandbox) == []
-    more = _lacking(sandbox, lambda pod, docs: pod["containers"][0]["securityContext"]["capabilities"]["add"].append("NET_ADMIN"))
+    more = _lacking(
+        sandbox,
+        lambda pod, docs: pod["containers"][0]["securityContext"]["capabilities"]["add"].append("NET_ADMIN"),
+    )
     assert more == ["sandbox/sandbox: the sandbox adds capabilities beyond SYS_ADMIN"]
     loose = _lacking(sandbox, lambda pod, docs: pod.pop("nodeSelector"))
     assert loose == ["sandbox: the sandbox is not confined to its node pool"]

@@ -40,7 +40,9 @@ def greedy(seq: Seq, n: int, *, started: threading.Event | None = None):
     return choose
 
 
-@pytest.fixture(scope="module", params=[("tiny", "fp32"), ("tiny-dense", "fp32"), ("tiny", "bf16"), ("tiny", "mxfp8")])
+@pytest.fixture(
+    scope="module", params=[("tiny", "fp32"), ("tiny-dense", "fp32"), ("tiny", "bf16"), ("tiny", "mxfp8")]
+)
 def model(request):
     """MoE and dense, in each precision a run trains (and so samples) in."""
     name, precision = request.param

@@ -151,7 +151,10 @@ def _drop_tensor(path: Path, name: str) -> None:
         (lambda p: _config(p, model_type="gpt2"), "model_type 'gpt2' is not supported"),
         (lambda p: _config(p, hidden_size=32), "has shape"),
         (lambda p: _drop_tensor(p, "model.layers.1.self_attn.k_proj.bias"), "k_proj.bias is missing"),
-        (lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:1000]), "cannot read"),
+        (
+            lambda p: (p / "model.safetensors").write_bytes((p / "model.safetensors").read_bytes()[:1000]),
+            "cannot read",
+        ),
         (lambda p: _config(p, rope_scaling={"rope_type": "yarn", "factor": 4.0}), "rope type 'yarn'"),
     ],
 )

@@ -17,7 +17,8 @@ def _naive_moe(moe: MoE, x_ND: torch.Tensor) -> torch.Tensor:
         ids = torch.topk(scores + r.expert_bias, r.top_k).indices
         w = scores[ids] / scores[ids].sum()
         y = sum(
-            wi * (ex.w2_EDF[e] @ (F.silu(ex.w1_EFD[e] @ x) * (ex.w3_EFD[e] @ x))) for wi, e in zip(w, ids, strict=True)
+            wi * (ex.w2_EDF[e] @ (F.silu(ex.w1_EFD[e] @ x) * (ex.w3_EFD[e] @ x)))
+            for wi, e in zip(w, ids, strict=True)
         )
         if moe.shared_expert is not None:
             s = moe.shared_expert
