@@ -1,5 +1,7 @@
-"""Rank functions for the distributed tests: each compares a parallel training step with a single-process
-reference computed on the same rank (the whole global batch through the plain model)."""
+"""Rank functions for the tests of the parallel layout itself: the gradients of a plain language-model
+loss through a parallelized model (expert parallelism x HSDP, on Crucible's preset shape and on an
+imported Qwen3-MoE) against the plain model's on the whole batch, computed on the same rank. The step the
+trainer takes (optimizer, loss scaling, skipped steps) is compared across layouts in policy_cases."""
 
 from __future__ import annotations
 
@@ -10,14 +12,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from crucible.model import ModelConfig, Transformer, build_model
-from crucible.parallel.data import full_grads, full_state_dict
+from crucible.parallel.data import full_grads
 from crucible.parallel.mesh import ParallelConfig, build_mesh
-from crucible.parallel.train import (
-    OptimizerConfig,
-    build_optimizer,
-    parallel_train_step,
-    parallelize,
-)
+from crucible.parallel.train import clip_grad_norm_, parallelize
 
 CFG = ModelConfig(
     vocab_size=64,
@@ -59,7 +56,7 @@ def n_moe_layers(kind: str) -> int:
     return len(CFG.moe_layers) if kind == "crucible" else QWEN3_MOE["num_hidden_layers"]
 
 
-OPT = OptimizerConfig(lr=1e-3, eps=1e-5, weight_decay=0.1, max_grad_norm=0.3)
+MAX_GRAD_NORM = 0.3
 BATCH_PER_RANK, SEQ = 2, 16
 UNUSED_EXPERTS = (6, 7)  # never chosen in the first MoE layer: whole expert ranks get no rows
 
@@ -90,29 +87,24 @@ def lm_loss(
     return F.cross_entropy(logits[:, :-1].reshape(-1, CFG.vocab_size), tokens[:, 1:].reshape(-1))
 
 
-def reference_step(*, precision: str, world: int, max_grad_norm: float, kind: str = "crucible") -> dict:
-    """Loss, clipped gradients and parameters after one step of the plain model on the global batch."""
+def reference_grads(*, precision: str, world: int, max_grad_norm: float, kind: str = "crucible") -> dict:
+    """Loss, gradient norm and clipped gradients of the plain model on the global batch."""
     tokens, routes = global_batch(world, kind=kind)
     valid = global_valid(world)
     model = make_model(kind, precision)
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay
-    )
     loss = lm_loss(model, tokens, routes, valid)
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm) if max_grad_norm else None
-    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
-    opt.step()
-    model.update_router_biases()  # as the trainer step does: selection biases move with the load
     return {
         "loss": float(loss.detach()),
         "grad_norm": float(norm) if norm is not None else None,
-        "grads": grads,
-        "params": {n: t.clone() for n, t in model.state_dict().items()},
+        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
     }
 
 
-def _local_batch(world: int, rank: int, kind: str = "crucible") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _local_batch(
+    world: int, rank: int, kind: str = "crucible"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     tokens, routes = global_batch(world, kind=kind)
     rows = slice(rank * BATCH_PER_RANK, (rank + 1) * BATCH_PER_RANK)
     return tokens[rows], routes[rows], global_valid(world)[rows]
@@ -134,7 +126,7 @@ def _is_expert(name: str) -> bool:
     return ".experts." in name
 
 
-def parallel_step(
+def parallel_grads(
     shape: tuple[int, int, int],
     *,
     precision: str,
@@ -142,52 +134,38 @@ def parallel_step(
     naive_expert_grads: bool = False,
     kind: str = "crucible",
 ):
-    """One step of the parallelized model on this rank's slice; full gradients and parameters after it."""
+    """The parallelized model's loss (mean over ranks), gradient norm and full clipped gradients, each rank
+    backpropagating the mean loss of its own slice (equal slices: HSDP's mean of them is the batch's)."""
     replicate, shard, expert = shape
     mesh = build_mesh(ParallelConfig(replicate=replicate, shard=shard, expert=expert))
     model = parallelize(make_model(kind, precision), mesh=mesh)
     if naive_expert_grads:
         for moe in model.moe_layers:
             moe.experts.set_gradient_divide_factor(float(mesh.expert_data.size()))
-    opt = build_optimizer(model, config=OPT)
     tokens, routes, valid = _local_batch(dist.get_world_size(), dist.get_rank(), kind)
-    stats = parallel_train_step(
-        model=model,
-        optimizer=opt,
-        loss_fn=lambda m: lm_loss(m, tokens, routes, valid),
-        max_grad_norm=max_grad_norm,
-    )
-    return stats, full_grads(model), full_state_dict(model)
+    loss = lm_loss(model, tokens, routes, valid)
+    loss.backward()
+    norm = clip_grad_norm_(model, max_norm=max_grad_norm)
+    mean = loss.detach().reshape(1).clone()
+    dist.all_reduce(mean)
+    return {"loss": float(mean) / dist.get_world_size(), "grad_norm": norm}, full_grads(model)
 
 
 def compare_shapes(shapes: list[tuple[int, int, int]], precision: str, kind: str = "crucible") -> list[dict]:
-    """For each shape: errors of loss, grad norm, gradients and parameters against the reference."""
+    """For each shape: errors of loss, gradient norm and gradients against the reference."""
     world = dist.get_world_size()
-    ref = reference_step(precision=precision, world=world, max_grad_norm=OPT.max_grad_norm, kind=kind)
-    start = make_model(kind, precision).state_dict()
-    ref_update = {n: ref["params"][n] - start[n] for n in start}
+    ref = reference_grads(precision=precision, world=world, max_grad_norm=MAX_GRAD_NORM, kind=kind)
     report = []
     for shape in shapes:
-        stats, grads, params = parallel_step(
-            shape, precision=precision, max_grad_norm=OPT.max_grad_norm, kind=kind
-        )
-        update = {n: params[n] - start[n] for n in start}
+        stats, grads = parallel_grads(shape, precision=precision, max_grad_norm=MAX_GRAD_NORM, kind=kind)
         report.append(
             {
                 "shape": shape,
                 "loss": abs(stats["loss"] - ref["loss"]) / abs(ref["loss"]),
                 "grad_norm": abs(stats["grad_norm"] - ref["grad_norm"]) / ref["grad_norm"],
-                "clipped": ref["grad_norm"] > OPT.max_grad_norm,
+                "clipped": ref["grad_norm"] > MAX_GRAD_NORM,
                 "grads": _max_err(grads, ref["grads"]),
-                "params": _max_err(params, ref["params"]),
-                "router_bias": max(
-                    float((params[n] - ref["params"][n]).abs().max()) for n in start if n.endswith("expert_bias")
-                ),
-                "router_bias_moved": max(
-                    float(ref["params"][n].abs().max()) for n in start if n.endswith("expert_bias")
-                ),
                 "grads_rel": _rel_err(grads, ref["grads"]),
-                "update_rel": _rel_err(update, ref_update),
             }
         )
     return report
@@ -195,8 +173,8 @@ def compare_shapes(shapes: list[tuple[int, int, int]], precision: str, kind: str
 
 def naive_expert_reduction(shape: tuple[int, int, int]) -> dict:
     """Expert gradients under FSDP's default (mean over the expert-data mesh) against the reference."""
-    ref = reference_step(precision="fp32", world=dist.get_world_size(), max_grad_norm=0.0)
-    _, grads, _ = parallel_step(shape, precision="fp32", max_grad_norm=0.0, naive_expert_grads=True)
+    ref = reference_grads(precision="fp32", world=dist.get_world_size(), max_grad_norm=0.0)
+    _, grads = parallel_grads(shape, precision="fp32", max_grad_norm=0.0, naive_expert_grads=True)
     experts = [n for n in ref["grads"] if _is_expert(n)]
     dense = [n for n in ref["grads"] if not _is_expert(n)]
     dot = sum(float((grads[n] * ref["grads"][n]).sum()) for n in experts)
@@ -223,49 +201,7 @@ def world_of_four() -> dict:
     """Everything the 4-process test checks, in one launch."""
     return {
         "fp32": compare_shapes([(2, 2, 2), (1, 4, 4), (2, 2, 4), (4, 1, 2), (1, 4, 1)], "fp32"),
-        "mxfp8": compare_shapes([(2, 2, 2)], "mxfp8"),
         "qwen3_moe": compare_shapes([(2, 2, 2), (1, 4, 4)], "fp32", kind="qwen3_moe"),
         "naive": [naive_expert_reduction((2, 2, 2)), naive_expert_reduction((1, 4, 4))],
         "errors": shape_errors(),
     }
-
-
-def world_of_eight() -> dict:
-    return {"fp32": compare_shapes([(2, 4, 2), (1, 8, 4), (4, 2, 4), (2, 4, 8)], "fp32")}
-
-
-def train_steps(shape: tuple[int, int, int], steps: int) -> list[float]:
-    """Losses of `steps` parallel steps on the same batch (this rank's slice)."""
-    replicate, shard, expert = shape
-    mesh = build_mesh(ParallelConfig(replicate=replicate, shard=shard, expert=expert))
-    model = parallelize(build_model(CFG, precision="fp32", seed=0), mesh=mesh)
-    opt = build_optimizer(model, config=OPT)
-    tokens, routes, valid = _local_batch(dist.get_world_size(), dist.get_rank())
-    return [
-        parallel_train_step(
-            model=model,
-            optimizer=opt,
-            loss_fn=lambda m: lm_loss(m, tokens, routes, valid),
-            max_grad_norm=OPT.max_grad_norm,
-        )["loss"]
-        for _ in range(steps)
-    ]
-
-
-def reference_losses(world: int, steps: int) -> list[float]:
-    tokens, routes = global_batch(world)
-    valid = global_valid(world)
-    model = build_model(CFG, precision="fp32", seed=0)
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=OPT.lr, betas=OPT.betas, eps=OPT.eps, weight_decay=OPT.weight_decay
-    )
-    losses = []
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = lm_loss(model, tokens, routes, valid)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), OPT.max_grad_norm)
-        opt.step()
-        model.update_router_biases()
-        losses.append(float(loss.detach()))
-    return losses

@@ -6,36 +6,26 @@ from crucible.parallel.data import apply_fsdp, full_grads, full_state_dict, load
 from crucible.parallel.expert import ExpertParallelMoE, apply_expert_parallel
 from crucible.parallel.launch import WorkerGroup, WorkerGroupError, run_local, run_ray, start_workers
 from crucible.parallel.mesh import ParallelConfig, ParallelMesh, build_mesh
-from crucible.parallel.train import (
-    OptimizerConfig,
-    all_reduce_router_loads,
-    build_optimizer,
-    clip_grad_norm_,
-    parallel_train_step,
-    parallelize,
-)
+from crucible.parallel.train import all_reduce_router_loads, clip_grad_norm_, parallelize
 
 __all__ = [
     "ExpertParallelMoE",
-    "OptimizerConfig",
     "ParallelConfig",
     "ParallelMesh",
+    "WorkerGroup",
+    "WorkerGroupError",
     "all_reduce_router_loads",
     "apply_expert_parallel",
     "apply_fsdp",
     "build_mesh",
-    "build_optimizer",
     "clip_grad_norm_",
     "full_grads",
     "full_state_dict",
     "load_full_state_dict",
     "load_sharded",
-    "parallel_train_step",
     "parallelize",
     "run_local",
     "run_ray",
     "save_sharded",
     "start_workers",
-    "WorkerGroup",
-    "WorkerGroupError",
 ]

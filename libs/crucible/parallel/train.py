@@ -1,14 +1,13 @@
-"""Parallelize a plain policy model and run optimizer steps on it: the entry points a trainer calls.
+"""Parallelize a plain policy model, and the pieces of a step that need the whole group: the global
+gradient norm (clipped across meshes and expert groups) and the routers' load summed over ranks.
 
-Every rank builds the same plain model (same config and seed), calls `parallelize`, and then runs
-`parallel_train_step` on its own slice of the batch. The objective is the mean of the ranks' losses.
+Every rank builds the same plain model (same config and seed) and calls `parallelize`; the step itself
+is the trainer's (services.trainer.policy.PolicyRank), the only one there is.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -20,32 +19,11 @@ from crucible.parallel.expert import apply_expert_parallel, expert_weight_owners
 from crucible.parallel.mesh import ParallelMesh
 
 
-@dataclass(frozen=True, kw_only=True)
-class OptimizerConfig:
-    """AdamW settings; `max_grad_norm` clips the global gradient norm (0 disables clipping)."""
-
-    lr: float = 1e-5
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-
-
 def parallelize(model: Transformer, *, mesh: ParallelMesh) -> Transformer:
     """Apply expert parallelism, then HSDP, to a plain model in place; returns the same object."""
     apply_expert_parallel(model, mesh=mesh)
     apply_fsdp(model, mesh=mesh)
     return model
-
-
-def build_optimizer(model: Transformer, *, config: OptimizerConfig) -> torch.optim.AdamW:
-    return torch.optim.AdamW(
-        model.parameters(),
-        lr=config.lr,
-        betas=config.betas,
-        eps=config.eps,
-        weight_decay=config.weight_decay,
-    )
 
 
 def clip_grad_norm_(model: Transformer, *, max_norm: float) -> float:
@@ -80,37 +58,6 @@ def clip_grad_norm_(model: Transformer, *, max_norm: float) -> float:
                 for grad in grads:
                     grad.mul_(coef)
     return total
-
-
-def parallel_train_step(
-    *,
-    model: Transformer,
-    optimizer: torch.optim.Optimizer,
-    loss_fn: Callable[[Transformer], torch.Tensor],
-    max_grad_norm: float = 1.0,
-    balance_routers: bool = True,
-) -> dict[str, float]:
-    """One optimizer step; `loss_fn(model)` computes this rank's loss on its own batch slice.
-
-    A padded slice must be run as `model(tokens, routes=..., valid_BT=...)`, as the single-process
-    trainer does, so that only real tokens count in the routers' load summed below.
-
-    With `balance_routers`, the routers' token counts are summed over all ranks and their selection
-    biases updated from that global load (every rank ends with the same biases), as the single-process
-    trainer step does. Returns the loss averaged over ranks and the global gradient norm before clipping.
-    """
-    model.train()
-    optimizer.zero_grad(set_to_none=True)
-    loss = loss_fn(model)
-    loss.backward()
-    grad_norm = clip_grad_norm_(model, max_norm=max_grad_norm)
-    optimizer.step()
-    if balance_routers and model.moe_layers:
-        all_reduce_router_loads(model)
-        model.update_router_biases()
-    mean_loss = loss.detach().float().reshape(1).clone()
-    dist.all_reduce(mean_loss)
-    return {"loss": float(mean_loss) / dist.get_world_size(), "grad_norm": grad_norm}
 
 
 @torch.no_grad()
