@@ -36,6 +36,7 @@ from pathlib import Path
 
 from crucible.bus import Bus
 from crucible.clients.sandbox import SandboxClient, SandboxSession
+from crucible.contracts.endpoints import Endpoint
 from crucible.contracts.messages import ObjectRef
 from crucible.contracts.sandbox import ToolReply, ToolRequest, ToolResult
 from crucible.localstack.processes import LOOPBACK, port_open
@@ -183,13 +184,13 @@ async def bench_create(settings: Settings, store: ObjectStore, redis, snapshot: 
 
 
 async def bench_tools(bus: Bus, client: SandboxClient, snapshot: ObjectRef, reps: int, run_reps: int) -> dict:
-    echo_subject = f"bench.echo.{uuid.uuid4().hex[:8]}"
+    echo = Endpoint(f"bench.echo.{uuid.uuid4().hex[:8]}", ToolRequest, ToolReply)
     reply = ToolReply(result=ToolResult(ok=True, output="".join(f"line {i}\n" for i in range(40))))
 
-    async def echo(_: ToolRequest) -> ToolReply:
+    async def answer(_: ToolRequest) -> ToolReply:
         return reply
 
-    sub = await bus.serve(echo_subject, echo, ToolRequest)
+    sub = await bus.serve(echo, answer)
     request = ToolRequest(session_id="x", name="read_file", arguments={"path": "README.md", "end_line": 40})
     async with (
         await client.create(run_id="bench", task_id="t", snapshot=snapshot) as box,
@@ -207,7 +208,7 @@ async def bench_tools(bus: Bus, client: SandboxClient, snapshot: ObjectRef, reps
             await box.tool("read_file", path="README.md", end_line=40)
 
         async def bus_echo() -> None:
-            await bus.request(echo_subject, request, ToolReply)
+            await bus.request(echo, request)
 
         async def run_true() -> None:
             await box.tool("run_terminal_cmd", command="true")

@@ -5,9 +5,8 @@ from __future__ import annotations
 import uuid
 
 from crucible.bus import Bus
-from crucible.contracts import packing, subjects
+from crucible.contracts import endpoints, packing
 from crucible.contracts.messages import (
-    SampleReply,
     SampleRequest,
     TaskReply,
     TaskRequest,
@@ -42,8 +41,7 @@ def trajectory(*, run_id: str, task: TaskReply, diff: str, tool_calls: list[Tool
 
 async def a_task(bus: Bus, run_id: str) -> TaskReply:
     """A pybugs task with its secret, as the grader gets it."""
-    sampled = await bus.request(
-        subjects.CATALOG_SAMPLE, SampleRequest(run_id=run_id, taskset="pybugs", count=1), SampleReply
-    )
+    sample = SampleRequest(run_id=run_id, taskset="pybugs", count=1)
+    sampled = await bus.request(endpoints.CATALOG_SAMPLE, sample)
     request = TaskRequest(task_id=sampled.tasks[0].task_id)
-    return await bus.request(subjects.CATALOG_SECRET, request, TaskReply)
+    return await bus.request(endpoints.CATALOG_SECRET, request)

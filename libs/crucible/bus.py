@@ -8,8 +8,11 @@ One way to do each thing:
   finds a dependency `Unavailable` (see `crucible.outage`) and try it again until it answers, and nak
   with a back-off when the handler fails otherwise, dead-lettering it after `max_deliver` deliveries.
   Long work keeps its message with `Delivery.keep_alive` (the ack deadline is extended until it is settled).
-- `request` / `serve` are request/reply with deadlines; errors travel back as a typed error reply. `serve`
-  counts every request and its latency per subject (`crucible_bus_requests_total`, `..._request_seconds`).
+- `request` / `serve` are request/reply on an endpoint declared once (`crucible.contracts.endpoints`),
+  with deadlines; errors travel back as a typed error reply. `serve` runs at most `concurrency` handlers
+  of an endpoint at once (`serve_concurrency` by default); the requests beyond wait their turn. It counts
+  every request and its latency per subject (`crucible_bus_requests_total`, `..._request_seconds`), and
+  keeps the handlers running and the requests waiting (`crucible_bus_requests_in_flight`, `..._waiting`).
   A request nobody answers, or answered `busy`, `shutting_down` or `unavailable`, raises `Unavailable`.
 - `latest` / `watch` read the newest message on a subject and follow new ones (weight announcements).
 """
@@ -23,7 +26,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 import nats
@@ -32,9 +35,10 @@ import nats.js.errors
 import structlog
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from crucible.contracts import ContractError, access, decode, encode, subjects
+from crucible.contracts.endpoints import Endpoint
 from crucible.contracts.keys import bus_claim_prefix
 from crucible.contracts.messages import DeadLetter, Message, ObjectRef
 from crucible.objectstore import IntegrityError, ObjectNotFound, ObjectStore
@@ -42,6 +46,7 @@ from crucible.outage import Unavailable, ride_out
 from crucible.settings import CommonSettings
 
 M = TypeVar("M", bound=Message)
+R = TypeVar("R", bound=Message)
 log = structlog.get_logger("crucible.bus")
 
 CLAIM_HEADER = "Crucible-Claim"
@@ -63,6 +68,13 @@ REQUEST_SECONDS = Histogram(
     "crucible_bus_request_seconds", "Time to answer a request, by subject", ["subject"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300),
 )
+IN_FLIGHT = Gauge("crucible_bus_requests_in_flight", "Requests being handled now, by subject", ["subject"])
+WAITING = Gauge(
+    "crucible_bus_requests_waiting",
+    "Requests waiting for a handler (the subject's limit is reached), by subject",
+    ["subject"],
+)
+DEFAULT_SERVE_CONCURRENCY: int = CommonSettings.model_fields["serve_concurrency"].default
 
 
 class BusError(RuntimeError):
@@ -190,12 +202,15 @@ class Bus:
         name: str,
         claim_check_bytes: int,
         refused: dict[str, str] | None = None,
+        serve_concurrency: int = DEFAULT_SERVE_CONCURRENCY,
     ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.store = store
         self.name = name
         self.claim_check_bytes = claim_check_bytes
+        self.serve_concurrency = serve_concurrency
+        """How many requests `serve` handles at once per endpoint, unless told otherwise."""
         self.refused = refused if refused is not None else {}
         """Subjects the server refused this connection (lower-case), with its words (filled by `connect`)."""
 
@@ -251,7 +266,10 @@ class Bus:
         except Exception as exc:  # nats raises several unrelated types for an unreachable server
             raise BusError(f"cannot connect to NATS at {settings.nats_url}: {exc}") from exc
         nc.options["max_reconnect_attempts"] = -1
-        return cls(nc, store=store, name=name, claim_check_bytes=settings.claim_check_bytes, refused=refused)
+        return cls(
+            nc, store=store, name=name, claim_check_bytes=settings.claim_check_bytes, refused=refused,
+            serve_concurrency=settings.serve_concurrency,
+        )  # fmt: skip
 
     def _failure(self, subject: str, unavailable: BusUnavailable) -> BusError:
         """What a call on `subject` that got no answer means: the server refused this identity the subject
@@ -557,11 +575,31 @@ class Bus:
 
     # --- request / reply --------------------------------------------------------------------------
 
-    async def request(self, subject: str, message: Message, reply_type: type[M], *, timeout: float = 5.0) -> M:
-        """Ask the service on `subject`. "No responders" is retried for up to NO_RESPONDERS_GRACE_S (within
+    @overload
+    async def request(self, endpoint: Endpoint[M, R], message: M, *, timeout: float = 5.0) -> R: ...
+
+    @overload
+    async def request(
+        self, endpoint: str, message: Message, reply_type: type[R], *, timeout: float = 5.0
+    ) -> R: ...
+
+    async def request(
+        self, endpoint: Endpoint[M, R] | str, message: Message, reply_type: type[R] | None = None, *,
+        timeout: float = 5.0,
+    ) -> R:  # fmt: skip
+        """Ask the service on `endpoint`. "No responders" is retried for up to NO_RESPONDERS_GRACE_S (within
         `timeout`): nats-server can answer it for a moment after a service's subscription is confirmed
         (about 1 in 100 requests sent right after, in our tests), and a restarting service comes back;
-        a subject nobody serves still fails fast."""
+        a subject nobody serves still fails fast.
+
+        A bare subject with its reply type is the older form, kept only while services.trainer.sft still
+        names subjects; everything else names its endpoint."""
+        if isinstance(endpoint, str):
+            if reply_type is None:
+                raise TypeError(f"a request on the bare subject {endpoint} needs its reply type")
+            subject = endpoint
+        else:
+            subject, reply_type = endpoint.subject, endpoint.reply
         data, headers = await self._pack(subject, message, None)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -588,15 +626,31 @@ class Bus:
 
     async def serve(
         self,
-        subject: str,
-        handler: Callable[[Any], Awaitable[Message]],
-        request_type: type[M],
+        endpoint: Endpoint[M, R],
+        handler: Callable[[M], Awaitable[R]],
         *,
-        queue: str | None = None,
+        concurrency: int | None = None,
     ) -> Any:
-        """Answer requests on a subject; each request runs as its own task, counted and timed."""
+        """Answer requests on `endpoint` (in its queue group), each as its own task, counted and timed. At
+        most `concurrency` (default `serve_concurrency`) run at once; the others wait for a free slot (their
+        requesters' deadlines still run)."""
+        subject, request_type = endpoint.subject, endpoint.request
         tasks: set[asyncio.Task] = set()
         latency = REQUEST_SECONDS.labels(subject)
+        in_flight, waiting = IN_FLIGHT.labels(subject), WAITING.labels(subject)
+        slots = asyncio.Semaphore(concurrency or self.serve_concurrency)
+
+        async def bounded(msg: Msg) -> None:
+            waiting.inc()
+            try:
+                await slots.acquire()
+            finally:
+                waiting.dec()
+            try:
+                with in_flight.track_inprogress():
+                    await answer(msg)
+            finally:
+                slots.release()
 
         async def answer(msg: Msg) -> None:
             started = time.perf_counter()
@@ -625,11 +679,11 @@ class Bus:
                     pass
 
         async def on_msg(msg: Msg) -> None:
-            task = asyncio.create_task(answer(msg))
+            task = asyncio.create_task(bounded(msg))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-        sub = await self.nc.subscribe(subject, queue=queue or "", cb=on_msg)
+        sub = await self.nc.subscribe(subject, queue=endpoint.queue, cb=on_msg)
         # The server must know the subscription before the caller announces itself ready; otherwise a
         # request sent right after "ready" can race the SUB and get "no responders".
         try:

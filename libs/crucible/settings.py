@@ -51,6 +51,9 @@ class CommonSettings(BaseSettings):
     claim_check_bytes: int = Field(default=512 * 1024, ge=1024, le=900 * 1024)
     """Payloads larger than this go to the object store; the message carries a reference. NATS refuses
     messages over 1 MiB by default, and a dead letter carries the original payload."""
+    serve_concurrency: int = Field(default=64, ge=1)
+    """Requests one replica handles at once on each endpoint it serves; the ones beyond wait their turn
+    (`crucible_bus_requests_waiting`)."""
 
     @model_validator(mode="before")
     @classmethod

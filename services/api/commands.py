@@ -12,11 +12,12 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from crucible.bus import Bus, BusError
-from crucible.contracts import subjects
+from crucible.contracts import endpoints, subjects
+from crucible.contracts.endpoints import Endpoint
 from crucible.contracts.events import TERMINAL_STATUSES
-from crucible.contracts.messages import DescribeReply, DescribeRequest, EvalRequest, Message, RunCreated
+from crucible.contracts.messages import DescribeRequest, EvalRequest, Message, RunCreated
 from crucible.contracts.runconfig import RunConfig
-from crucible.contracts.sandbox import LimitsReply, LimitsRequest
+from crucible.contracts.sandbox import LimitsRequest
 from crucible.db.models import Checkpoint, Evaluation, Run, Step, utcnow
 from crucible.runs import end_run
 from services.api.queries import NotFound
@@ -24,6 +25,7 @@ from services.api.records.events import add_evaluation
 from services.api.schemas import EvalCreate, RunOut
 
 log = structlog.get_logger("crucible.api")
+Q = TypeVar("Q", bound=Message)
 R = TypeVar("R", bound=Message)
 
 
@@ -61,21 +63,22 @@ class ConfigCheck:
         if config.eval.every_versions or config.eval.at_end:
             needs.append((("eval",), config.eval.taskset or config.tasks.taskset, config.eval.split, None))
         for section, taskset, split, difficulties in needs:
-            reply = await self._ask(bus, "catalog", subjects.CATALOG_DESCRIBE, DescribeRequest(taskset=taskset), DescribeReply)
+            describe = DescribeRequest(taskset=taskset)
+            reply = await self._ask(bus, "catalog", endpoints.CATALOG_DESCRIBE, describe)
             if reply is not None:
                 _check_reply(section, taskset, split, difficulties, reply.difficulties)
-        limits = await self._ask(bus, "sandbox", subjects.SANDBOX_LIMITS, LimitsRequest(), LimitsReply)
+        limits = await self._ask(bus, "sandbox", endpoints.SANDBOX_LIMITS, LimitsRequest())
         if limits is not None and config.schedule.group_size > limits.max_fork:
             raise Unservable(
                 ("body", "config", "schedule", "group_size"),
                 f"a sandbox replica forks at most {limits.max_fork} copies of a workspace, one per episode of a group",
             )
 
-    async def _ask(self, bus: Bus, service: str, subject: str, request: Message, reply_type: type[R]) -> R | None:
+    async def _ask(self, bus: Bus, service: str, endpoint: Endpoint[Q, R], request: Q) -> R | None:
         if time.monotonic() < self.silent_until[service]:
             return None
         try:
-            return await bus.request(subject, request, reply_type, timeout=self.timeout_s)
+            return await bus.request(endpoint, request, timeout=self.timeout_s)
         except (BusError, nats.errors.Error) as exc:  # no answer, or an error reply
             self.silent_until[service] = time.monotonic() + self.quiet_s
             log.warning("a service did not answer; run configs go unchecked by it for a while",

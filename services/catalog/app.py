@@ -6,7 +6,7 @@ from __future__ import annotations
 from random import Random
 
 from crucible.bus import RequestError
-from crucible.contracts import subjects
+from crucible.contracts import endpoints
 from crucible.contracts.messages import (
     DescribeReply,
     DescribeRequest,
@@ -98,8 +98,8 @@ async def setup(rt: Runtime[Settings]) -> None:
         async with sessionmaker() as session:
             return await get_task(session=session, task_id=request.task_id, include_secret=True)
 
-    await rt.bus.serve(subjects.CATALOG_SAMPLE, sample, SampleRequest, queue=subjects.CATALOG_QUEUE)
-    await rt.bus.serve(subjects.CATALOG_GET, get, TaskRequest, queue=subjects.CATALOG_QUEUE)
-    await rt.bus.serve(subjects.CATALOG_SECRET, get_secret, TaskRequest, queue=subjects.CATALOG_QUEUE)
-    await rt.bus.serve(subjects.CATALOG_LIST, list_split, ListRequest, queue=subjects.CATALOG_QUEUE)
-    await rt.bus.serve(subjects.CATALOG_DESCRIBE, describe, DescribeRequest, queue=subjects.CATALOG_QUEUE)
+    await rt.bus.serve(endpoints.CATALOG_SAMPLE, sample)
+    await rt.bus.serve(endpoints.CATALOG_GET, get)
+    await rt.bus.serve(endpoints.CATALOG_SECRET, get_secret)
+    await rt.bus.serve(endpoints.CATALOG_LIST, list_split)
+    await rt.bus.serve(endpoints.CATALOG_DESCRIBE, describe)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crucible.contracts import subjects
+from crucible.contracts import endpoints
 from crucible.contracts.messages import CheckpointReply, CheckpointRequest, CommitReply, CommitRequest
 from crucible.runtime import Runtime
 from services.checkpoints import versions
@@ -42,5 +42,5 @@ async def setup(rt: Runtime[Settings]) -> None:
         )
         return CheckpointReply(manifest=manifest)
 
-    await rt.bus.serve(subjects.CHECKPOINTS_COMMIT, on_commit, CommitRequest, queue=subjects.CHECKPOINTS_QUEUE)
-    await rt.bus.serve(subjects.CHECKPOINTS_GET, on_get, CheckpointRequest, queue=subjects.CHECKPOINTS_QUEUE)
+    await rt.bus.serve(endpoints.CHECKPOINTS_COMMIT, on_commit)
+    await rt.bus.serve(endpoints.CHECKPOINTS_GET, on_get)

@@ -23,10 +23,11 @@ import structlog
 from crucible import probes, pytest_report
 from crucible.bus import Bus, BusError
 from crucible.clients.sandbox import SandboxClient, SandboxSession
-from crucible.contracts import subjects
-from crucible.contracts.messages import Reward, RunCreated, TaskReply, TaskRequest, TaskSecret, Trajectory
+from crucible.contracts import endpoints
+from crucible.contracts.messages import Reward, TaskRequest, TaskSecret, Trajectory
 from crucible.contracts.runconfig import RunConfig
 from crucible.contracts.trajectories import arrays
+from crucible.runs import run_config
 from services.grader.anticheat import BadDiff, protected_paths, touched_paths
 from services.grader.metrics import TAMPERED
 from services.grader.quality import change_measures, lint_findings, lint_paths
@@ -54,17 +55,17 @@ class RunConfigs:
 
     async def get(self, run_id: str) -> RunConfig:
         if run_id not in self.known:
-            created = await self.bus.latest(subjects.RUNS, subjects.run_created(run_id), RunCreated)
-            if created is None:
+            config = await run_config(self.bus, run_id)
+            if config is None:
                 log.warning("no run config on the bus; default reward options", run_id=run_id)
                 return RunConfig()
-            self.known[run_id] = created.config
+            self.known[run_id] = config
         return self.known[run_id]
 
 
 async def grade(*, bus: Bus, trajectory: Trajectory, config: RunConfig, settings: Settings) -> Reward:
     request = TaskRequest(task_id=trajectory.task_id)
-    task = await bus.request(subjects.CATALOG_SECRET, request, TaskReply, timeout=settings.catalog_timeout_s)
+    task = await bus.request(endpoints.CATALOG_SECRET, request, timeout=settings.catalog_timeout_s)
     if task.secret is None or not task.secret.test_command:
         raise GradingInfraError(f"catalog sent task {trajectory.task_id} without its secret or test command")
     if not trajectory.final_diff.strip():

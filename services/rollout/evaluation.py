@@ -18,10 +18,12 @@ from crucible.agent.episode import run_episode
 from crucible.bus import Delivery
 from crucible.clients.checkpoints import load_weights
 from crucible.clients.sandbox import SandboxClient
-from crucible.contracts import subjects
+from crucible.contracts import endpoints
 from crucible.contracts.events import EvalReport, Event
-from crucible.contracts.messages import EvalRequest, ListRequest, RunCreated, SampleReply, TaskSpec
+from crucible.contracts.messages import EvalRequest, ListRequest, TaskSpec
+from crucible.contracts.runconfig import RunConfig
 from crucible.outage import Unavailable
+from crucible.runs import run_config
 from crucible.runtime import Runtime
 from services.rollout.engine import PolicyEngine
 from services.rollout.publish import publish_trajectory
@@ -45,8 +47,8 @@ async def handle_eval_request(rt: Runtime[Settings], request: EvalRequest, deliv
 
 
 async def run_evaluation(rt: Runtime[Settings], request: EvalRequest) -> None:
-    created = await rt.bus.latest(subjects.RUNS, subjects.run_created(request.run_id), RunCreated)
-    if created is None:
+    config = await run_config(rt.bus, request.run_id)
+    if config is None:
         raise EvaluationError(f"no run {request.run_id!r}")
     try:
         manifest, state = await load_weights(
@@ -57,24 +59,25 @@ async def run_evaluation(rt: Runtime[Settings], request: EvalRequest) -> None:
     except Exception as exc:
         raise EvaluationError(f"cannot load version {request.version} of {request.run_id}: {exc}") from exc
     engine = PolicyEngine(
-        config=created.config,
+        config=config,
         max_context=rt.settings.max_context,
         max_sequences=rt.settings.max_sequences,
         prefill_chunk=rt.settings.prefill_chunk,
     )
     try:
         await engine.load(state, manifest.version)
-        await _evaluate(rt, engine, created, request)
+        await _evaluate(rt, engine, config, request)
     finally:
         engine.close()
 
 
-async def _evaluate(rt: Runtime[Settings], engine: PolicyEngine, created: RunCreated, request: EvalRequest) -> None:
+async def _evaluate(
+    rt: Runtime[Settings], engine: PolicyEngine, config: RunConfig, request: EvalRequest
+) -> None:
     try:
         listed = await rt.bus.request(
-            subjects.CATALOG_LIST,
+            endpoints.CATALOG_LIST,
             ListRequest(taskset=request.taskset, split=request.split, limit=request.max_tasks),
-            SampleReply,
             timeout=30,
         )
     except Unavailable:
@@ -89,7 +92,7 @@ async def _evaluate(rt: Runtime[Settings], engine: PolicyEngine, created: RunCre
 
     async def one_task(index: int, task: TaskSpec) -> int:
         async with slots:
-            return await _evaluate_task(rt, engine, created, request, index, task)
+            return await _evaluate_task(rt, engine, config, request, index, task)
 
     failed = await asyncio.gather(*(one_task(i, task) for i, task in enumerate(tasks)))
     await _report(
@@ -98,7 +101,9 @@ async def _evaluate(rt: Runtime[Settings], engine: PolicyEngine, created: RunCre
     rt.log.info("evaluation episodes done", eval_id=request.eval_id, failed_episodes=sum(failed))
 
 
-async def _evaluate_task(rt, engine, created: RunCreated, request: EvalRequest, index: int, task: TaskSpec) -> int:
+async def _evaluate_task(
+    rt, engine, config: RunConfig, request: EvalRequest, index: int, task: TaskSpec
+) -> int:
     """Run and publish one task's episodes; returns how many failed (and so will never be graded)."""
     per_task = 1 + request.samples
     client = SandboxClient(rt.bus)
@@ -118,12 +123,12 @@ async def _evaluate_task(rt, engine, created: RunCreated, request: EvalRequest, 
             async with session:
                 trajectory = await run_episode(
                     engine=engine,
-                    config=created.config,
+                    config=config,
                     task=task,
                     session=session,
                     run_id=request.run_id,
                     group_id=f"{request.eval_id}-t{index:04d}",
-                    seed=created.config.seed * 7919 + index * 1000 + sample,
+                    seed=config.seed * 7919 + index * 1000 + sample,
                     replica=rt.settings.replica,
                     tool_timeout_s=rt.settings.tool_timeout_s,
                     greedy=sample == 0,

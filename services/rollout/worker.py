@@ -15,9 +15,9 @@ from redis.exceptions import RedisError
 from crucible.agent.episode import run_episode
 from crucible.clients.checkpoints import WeightsFollower
 from crucible.clients.sandbox import SandboxClient, SandboxSession
-from crucible.contracts import subjects
+from crucible.contracts import endpoints
 from crucible.contracts.events import Event, RolloutReport
-from crucible.contracts.messages import SampleReply, SampleRequest, Trajectory, WeightsAnnounced
+from crucible.contracts.messages import SampleRequest, Trajectory, WeightsAnnounced
 from crucible.contracts.runconfig import RunConfig
 from crucible.contracts.trajectories import arrays
 from crucible.outage import Unavailable
@@ -177,7 +177,7 @@ class RunWorker:
         group_id = f"{self.run_id}-g{index:05d}-{uuid.uuid4().hex[:8]}"
         try:
             reply = await self.rt.bus.request(
-                subjects.CATALOG_SAMPLE,
+                endpoints.CATALOG_SAMPLE,
                 SampleRequest(
                     run_id=self.run_id,
                     taskset=self.config.tasks.taskset,
@@ -185,7 +185,6 @@ class RunWorker:
                     difficulties=self.config.tasks.difficulties,
                     seed=self.config.seed * 1_000_003 + index,
                 ),
-                SampleReply,
                 timeout=30,
             )
             task = reply.tasks[0]

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import nats.errors
 
-from crucible.contracts import subjects
-from crucible.contracts.sandbox import CreateRequest, LimitsRequest
+from crucible.contracts import endpoints
 from crucible.runtime import Runtime
 from services.sandbox.handlers import Handlers
 from services.sandbox.leases import Leases
@@ -27,12 +26,14 @@ async def setup(rt: Runtime[Settings]) -> None:
     SESSIONS.set_function(lambda: len(manager.sessions))
     handlers = Handlers(manager=manager)
     subscriptions = [
-        await rt.bus.serve(subjects.SANDBOX_CREATE, handlers.create, CreateRequest, queue=subjects.SANDBOX_QUEUE),
-        await rt.bus.serve(subjects.SANDBOX_LIMITS, handlers.limits, LimitsRequest, queue=subjects.SANDBOX_QUEUE),
+        await rt.bus.serve(endpoints.SANDBOX_CREATE, handlers.create),
+        await rt.bus.serve(endpoints.SANDBOX_LIMITS, handlers.limits),
     ]
-    for verb, (handler, request_type) in handlers.routes().items():
-        subject = subjects.sandbox_call(settings.replica, verb)
-        subscriptions.append(await rt.bus.serve(subject, handler, request_type))
+    # A session's calls run one at a time: its replica never needs more at once than it holds sessions.
+    per_session = max(settings.max_sessions, settings.serve_concurrency)
+    for endpoint, handler in handlers.routes().items():
+        served = await rt.bus.serve(endpoint.on(settings.replica), handler, concurrency=per_session)
+        subscriptions.append(served)
     rt.spawn(manager.reap_loop(rt.stopping), name="sandbox-reaper")
 
     async def close() -> None:

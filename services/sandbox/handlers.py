@@ -6,7 +6,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from crucible.bus import RequestError
-from crucible.contracts import sandbox
+from crucible.contracts import endpoints
+from crucible.contracts.endpoints import SessionEndpoint
 from crucible.contracts.messages import Message
 from crucible.contracts.sandbox import (
     AliveReply,
@@ -33,7 +34,7 @@ from services.sandbox.manager import SessionManager
 from services.sandbox.metrics import RESULTS
 from services.sandbox.tools import call_tool, lookup
 
-Route = tuple[Callable[[Any], Awaitable[Message]], type[Message]]
+Handler = Callable[[Any], Awaitable[Message]]
 
 
 def _counted(verb: str, result: ToolResult, *, tool: str = "") -> ToolReply:
@@ -48,17 +49,17 @@ class Handlers:
         self.manager = manager
         self.settings = manager.settings
 
-    def routes(self) -> dict[str, Route]:
-        """Per-session verbs, served on sandbox.<replica>.<verb>."""
+    def routes(self) -> dict[SessionEndpoint, Handler]:
+        """Per-session calls, served on sandbox.<replica>.<verb>."""
         return {
-            sandbox.VERB_TOOL: (self.tool, ToolRequest),
-            sandbox.VERB_DIFF: (self.diff, DiffRequest),
-            sandbox.VERB_APPLY: (self.apply, ApplyRequest),
-            sandbox.VERB_RUN: (self.run, RunRequest),
-            sandbox.VERB_OVERLAY: (self.overlay, OverlayRequest),
-            sandbox.VERB_DESTROY: (self.destroy, DestroyRequest),
-            sandbox.VERB_FORK: (self.fork, ForkRequest),
-            sandbox.VERB_ALIVE: (self.alive, AliveRequest),
+            endpoints.SANDBOX_TOOL: self.tool,
+            endpoints.SANDBOX_DIFF: self.diff,
+            endpoints.SANDBOX_APPLY: self.apply,
+            endpoints.SANDBOX_RUN: self.run,
+            endpoints.SANDBOX_OVERLAY: self.overlay,
+            endpoints.SANDBOX_DESTROY: self.destroy,
+            endpoints.SANDBOX_FORK: self.fork,
+            endpoints.SANDBOX_ALIVE: self.alive,
         }
 
     async def create(self, req: CreateRequest) -> CreateReply:

@@ -27,12 +27,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from crucible.bus import Bus, RemoteError
-from crucible.contracts import subjects
+from crucible.contracts import endpoints
 from crucible.contracts.keys import delta_shard_key, shard_key
 from crucible.contracts.messages import (
-    CheckpointReply,
     CheckpointRequest,
-    CommitReply,
     CommitRequest,
     ObjectRef,
     TensorEntry,
@@ -222,9 +220,8 @@ class WeightsPublisher:
         return committed
 
     async def _commit(self, manifest: WeightsManifest) -> None:
-        await self.bus.request(
-            subjects.CHECKPOINTS_COMMIT, CommitRequest(manifest=manifest), CommitReply, timeout=self.timeout
-        )
+        request = CommitRequest(manifest=manifest)
+        await self.bus.request(endpoints.CHECKPOINTS_COMMIT, request, timeout=self.timeout)
 
 
 async def publish_weights(
@@ -292,7 +289,7 @@ async def get_manifest(
 ) -> WeightsManifest:
     """The manifest of `version`, or of the latest announced version when None."""
     request = CheckpointRequest(run_id=run_id, version=version)
-    reply = await bus.request(subjects.CHECKPOINTS_GET, request, CheckpointReply, timeout=timeout)
+    reply = await bus.request(endpoints.CHECKPOINTS_GET, request, timeout=timeout)
     return reply.manifest
 
 

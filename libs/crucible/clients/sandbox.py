@@ -20,31 +20,18 @@ from types import TracebackType
 from typing import TypeVar
 
 from crucible.bus import Bus, BusError, BusTimeout, BusUnavailable
-from crucible.contracts import subjects
+from crucible.contracts import endpoints
+from crucible.contracts.endpoints import SessionEndpoint
 from crucible.contracts.messages import Message, ObjectRef
 from crucible.contracts.sandbox import (
-    VERB_ALIVE,
-    VERB_APPLY,
-    VERB_DESTROY,
-    VERB_DIFF,
-    VERB_FORK,
-    VERB_OVERLAY,
-    VERB_RUN,
-    VERB_TOOL,
-    AliveReply,
     AliveRequest,
     ApplyRequest,
-    CreateReply,
     CreateRequest,
-    DestroyReply,
     DestroyRequest,
-    DiffReply,
     DiffRequest,
-    ForkReply,
     ForkRequest,
     OverlayRequest,
     RunRequest,
-    ToolReply,
     ToolRequest,
     ToolResult,
 )
@@ -53,6 +40,7 @@ REPLY_MARGIN_S = 15.0
 PROBE_EVERY_S = 5.0
 PROBE_MISSES = 2
 """Probes in a row the replica must fail to answer before its session is taken for lost."""
+Q = TypeVar("Q", bound=Message)
 R = TypeVar("R", bound=Message)
 
 
@@ -69,23 +57,20 @@ class SandboxSession:
         self.replica = replica
         self.call_timeout_s = call_timeout_s
 
-    def _subject(self, verb: str) -> str:
-        return subjects.sandbox_call(self.replica, verb)
-
     def _deadline(self, command_timeout_s: float | None) -> float:
         return max(self.call_timeout_s, (command_timeout_s or 0.0) + REPLY_MARGIN_S)
 
-    async def _ask(self, verb: str, request: Message, reply_type: type[R], *, timeout: float | None = None) -> R:
+    async def _ask(self, endpoint: SessionEndpoint[Q, R], request: Q, *, timeout: float | None = None) -> R:
         """One call on the session, given up with `SandboxLost` once the replica stops holding it."""
         call = asyncio.ensure_future(
-            self.bus.request(self._subject(verb), request, reply_type, timeout=timeout or self.call_timeout_s)
+            self.bus.request(endpoint.on(self.replica), request, timeout=timeout or self.call_timeout_s)
         )
         misses = 0
         try:
             while not (await asyncio.wait({call}, timeout=PROBE_EVERY_S))[0]:
                 try:
                     alive = await self.bus.request(
-                        self._subject(VERB_ALIVE), AliveRequest(session_id=self.session_id), AliveReply,
+                        endpoints.SANDBOX_ALIVE.on(self.replica), AliveRequest(session_id=self.session_id),
                         timeout=PROBE_EVERY_S,
                     )  # fmt: skip
                 except BusTimeout:
@@ -104,17 +89,17 @@ class SandboxSession:
         request = ToolRequest(session_id=self.session_id, name=name, arguments=arguments)
         timeout_s = arguments.get("timeout_s")
         deadline = self._deadline(float(timeout_s) if isinstance(timeout_s, int | float) else None)
-        reply = await self._ask(VERB_TOOL, request, ToolReply, timeout=deadline)
+        reply = await self._ask(endpoints.SANDBOX_TOOL, request, timeout=deadline)
         return reply.result
 
     async def diff(self) -> str:
         request = DiffRequest(session_id=self.session_id)
-        reply = await self._ask(VERB_DIFF, request, DiffReply)
+        reply = await self._ask(endpoints.SANDBOX_DIFF, request)
         return reply.diff
 
     async def apply_patch(self, patch: str) -> ToolResult:
         request = ApplyRequest(session_id=self.session_id, patch=patch)
-        reply = await self._ask(VERB_APPLY, request, ToolReply)
+        reply = await self._ask(endpoints.SANDBOX_APPLY, request)
         return reply.result
 
     async def run(
@@ -129,19 +114,19 @@ class SandboxSession:
             timeout_s=timeout_s,
             output_cap=output_cap,
         )
-        reply = await self._ask(VERB_RUN, request, ToolReply, timeout=self._deadline(timeout_s))
+        reply = await self._ask(endpoints.SANDBOX_RUN, request, timeout=self._deadline(timeout_s))
         return reply.result
 
     async def overlay(self, archive: ObjectRef) -> ToolResult:
         """Lay a tar.gz from the object store over the workspace root."""
         request = OverlayRequest(session_id=self.session_id, archive=archive)
-        reply = await self._ask(VERB_OVERLAY, request, ToolReply)
+        reply = await self._ask(endpoints.SANDBOX_OVERLAY, request)
         return reply.result
 
     async def fork(self, count: int, *, ttl_s: float = 600.0) -> list[SandboxSession]:
         """`count` copies of this session's workspace as it is now, on the same replica (copy-on-write)."""
         request = ForkRequest(session_id=self.session_id, count=count, ttl_s=ttl_s)
-        reply = await self._ask(VERB_FORK, request, ForkReply)
+        reply = await self._ask(endpoints.SANDBOX_FORK, request)
         return [
             SandboxSession(self.bus, session_id=sid, replica=reply.replica, call_timeout_s=self.call_timeout_s)
             for sid in reply.session_ids
@@ -150,7 +135,7 @@ class SandboxSession:
     async def destroy(self) -> bool:
         """Destroy the session; False if it was already gone."""
         request = DestroyRequest(session_id=self.session_id)
-        reply = await self._ask(VERB_DESTROY, request, DestroyReply)
+        reply = await self._ask(endpoints.SANDBOX_DESTROY, request)
         return reply.destroyed
 
     async def __aenter__(self) -> SandboxSession:
@@ -176,9 +161,7 @@ class SandboxClient:
         self, *, run_id: str, task_id: str, snapshot: ObjectRef, ttl_s: float = 600.0
     ) -> SandboxSession:
         request = CreateRequest(run_id=run_id, task_id=task_id, snapshot=snapshot, ttl_s=ttl_s)
-        reply = await self.bus.request(
-            subjects.SANDBOX_CREATE, request, CreateReply, timeout=self.create_timeout_s
-        )
+        reply = await self.bus.request(endpoints.SANDBOX_CREATE, request, timeout=self.create_timeout_s)
         return SandboxSession(
             self.bus, session_id=reply.session_id, replica=reply.replica, call_timeout_s=self.call_timeout_s
         )

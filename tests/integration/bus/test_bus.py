@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import REGISTRY
 
 from crucible.bus import Bus, BusTimeout, RemoteError, RemoteUnavailable, RequestError
-from crucible.contracts import subjects
+from crucible.contracts import endpoints, subjects
+from crucible.contracts.endpoints import Endpoint
 from crucible.contracts.messages import Message, SampleReply, SampleRequest, WeightsAnnounced
 from crucible.objectstore import ObjectNotFound, ObjectStore
 from crucible.outage import Unavailable
@@ -172,23 +173,66 @@ async def test_request_reply_errors_are_clear_and_the_server_keeps_serving(bus):
         return REGISTRY.get_sample_value("crucible_bus_requests_total", labels) or 0.0
 
     before = {result: answered(result) for result in ("ok", "bad_count", "internal", "bad_request")}
-    await bus.serve(subjects.CATALOG_SAMPLE, handler, SampleRequest, queue="catalog")
+    sample = endpoints.CATALOG_SAMPLE
+    await bus.serve(sample, handler)
     with pytest.raises(RemoteError) as bad:
-        await bus.request(subjects.CATALOG_SAMPLE, SampleRequest(run_id="r", taskset="t", count=-1), SampleReply)
+        await bus.request(sample, SampleRequest(run_id="r", taskset="t", count=-1))
     assert bad.value.code == "bad_count"
     with pytest.raises(RemoteError) as crash:
-        await bus.request(subjects.CATALOG_SAMPLE, SampleRequest(run_id="r", taskset="t", count=99), SampleReply)
+        await bus.request(sample, SampleRequest(run_id="r", taskset="t", count=99))
     assert crash.value.code == "internal" and "bug" in crash.value.detail
     with pytest.raises(RemoteError) as wrong_type:
-        await bus.request(subjects.CATALOG_SAMPLE, event("not a request"), SampleReply)
+        await bus.request(sample, event("not a request"))  # type: ignore[arg-type]
     assert wrong_type.value.code == "bad_request"
-    reply = await bus.request(subjects.CATALOG_SAMPLE, SampleRequest(run_id="r", taskset="t"), SampleReply)
+    reply = await bus.request(sample, SampleRequest(run_id="r", taskset="t"))
     assert reply == SampleReply(tasks=[])
     assert {result: answered(result) - n for result, n in before.items()} == dict.fromkeys(before, 1.0)
     started = asyncio.get_running_loop().time()
+    nobody = Endpoint("nobody.home", SampleRequest, SampleReply)
     with pytest.raises(BusTimeout, match="no service answers nobody.home"):
-        await bus.request("nobody.home", SampleRequest(run_id="r", taskset="t"), SampleReply, timeout=30)
+        await bus.request(nobody, SampleRequest(run_id="r", taskset="t"), timeout=30)
     assert asyncio.get_running_loop().time() - started < 10, "no responders must not wait out the timeout"
+
+
+async def test_serve_runs_at_most_its_limit_of_handlers_at_once_and_the_others_wait(bus, run):
+    slow = Endpoint(f"test.{run}.slow", SampleRequest, SampleReply)
+    running, most = 0, 0
+    changed = asyncio.Condition()
+    release = asyncio.Event()
+
+    async def handler(request: SampleRequest) -> SampleReply:
+        nonlocal running, most
+        async with changed:
+            running += 1
+            most = max(most, running)
+            changed.notify_all()
+        await release.wait()
+        running -= 1
+        return SampleReply(tasks=[])
+
+    def gauge(name: str) -> float:
+        return REGISTRY.get_sample_value(f"crucible_bus_requests_{name}", {"subject": slow.subject}) or 0.0
+
+    async def until(condition) -> None:  # the bus's gauges move as the requests arrive: watched, not awaited
+        deadline = asyncio.get_running_loop().time() + 10
+        while not condition():
+            assert asyncio.get_running_loop().time() < deadline, (running, gauge("waiting"))
+            await asyncio.sleep(0.01)
+
+    await bus.serve(slow, handler, concurrency=2)
+    asks = [
+        asyncio.create_task(bus.request(slow, SampleRequest(run_id=run, taskset="t", count=i), timeout=30))
+        for i in range(5)
+    ]
+    async with changed:
+        await asyncio.wait_for(changed.wait_for(lambda: running == 2), timeout=10)
+    await until(lambda: gauge("waiting") == 3)
+    assert running == 2 and gauge("in_flight") == 2 and not any(ask.done() for ask in asks)
+    release.set()
+    assert await asyncio.gather(*asks) == [SampleReply(tasks=[])] * 5
+    assert most == 2
+    await until(lambda: gauge("in_flight") == 0)
+    assert gauge("waiting") == 0
 
 
 async def test_watch_sees_latest_per_subject_then_new_ones(bus):
@@ -243,9 +287,9 @@ async def test_a_request_sent_from_another_connection_right_after_serve_returns_
             return SampleReply(tasks=[])
 
         for i in range(200):
-            subject = f"{subjects.CATALOG_SAMPLE}.fresh{i}"
-            await bus.serve(subject, handler, SampleRequest)
-            reply = await client.request(subject, SampleRequest(run_id="r", taskset="t"), SampleReply, timeout=2)
+            fresh = Endpoint(f"{subjects.CATALOG_SAMPLE}.fresh{i}", SampleRequest, SampleReply)
+            await bus.serve(fresh, handler)
+            reply = await client.request(fresh, SampleRequest(run_id="r", taskset="t"), timeout=2)
             assert reply == SampleReply(tasks=[])
     finally:
         await client.close()
@@ -390,7 +434,7 @@ async def test_a_claim_check_is_held_through_an_object_store_outage_not_dead_let
 async def test_a_handler_whose_dependency_is_away_is_held_and_retried_not_dead_lettered(bus, run):
     """The handler asks a service that is not there yet, then one whose own dependency is away: both
     are outages, held through (its ack deadline extended) with max_deliver=1, never counted or parked."""
-    dependency = f"test.{run}.dependency"
+    dependency = Endpoint(f"test.{run}.dependency", SampleRequest, SampleReply)
     answered: list[str] = []
 
     async def service(request: SampleRequest) -> SampleReply:
@@ -401,13 +445,13 @@ async def test_a_handler_whose_dependency_is_away_is_held_and_retried_not_dead_l
         return SampleReply(tasks=[])
 
     async def handler(message: Note) -> None:
-        await bus.request(dependency, SampleRequest(run_id=run, taskset="t"), SampleReply, timeout=2)
+        await bus.request(dependency, SampleRequest(run_id=run, taskset="t"), timeout=2)
 
     async def heal() -> None:
-        await bus.serve(dependency, service, SampleRequest)
+        await bus.serve(dependency, service)
 
     with pytest.raises(BusTimeout):  # both kinds of refusal are Unavailable to the handler
-        await bus.request(dependency, SampleRequest(run_id=run, taskset="t"), SampleReply, timeout=2)
+        await bus.request(dependency, SampleRequest(run_id=run, taskset="t"), timeout=2)
     assert issubclass(BusTimeout, Unavailable) and issubclass(RemoteUnavailable, Unavailable)
     await bus.publish(subjects.events(run, "needs"), event("needs"))
     await held_through_an_outage(bus, bus, run, handler, heal)

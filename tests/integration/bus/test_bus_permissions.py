@@ -14,7 +14,7 @@ import pytest
 from grading_task import trajectory
 
 from crucible.bus import Bus, BusError, BusRefused
-from crucible.contracts import subjects
+from crucible.contracts import endpoints, subjects
 from crucible.contracts.access import ADMIN, SERVICE_PERMISSIONS
 from crucible.contracts.events import Event, RunStatus
 from crucible.contracts.messages import (
@@ -100,7 +100,7 @@ async def test_forgeries_are_refused_and_the_allowed_traffic_flows(buses):
         **{f"weights by {who}": buses[who].publish(subjects.weights_announced(RUN), announced) for who in
            ("trainer", "rollout", "grader", "api")},
         # the hidden tests and reference patch, asked by a service that has no use for them
-        **{f"secret by {who}": buses[who].request(subjects.CATALOG_SECRET, TaskRequest(task_id="t"), TaskReply)
+        **{f"secret by {who}": buses[who].request(endpoints.CATALOG_SECRET, TaskRequest(task_id="t"))
            for who in ("rollout", "api", "sandbox", "checkpoints")},
         "run created by the rollouts": buses["rollout"].publish(subjects.run_created(RUN), finished),
         "graded read by the rollouts": buses["rollout"].latest(subjects.GRADED, subjects.graded(RUN), GradedTrajectory),
@@ -114,8 +114,8 @@ async def test_forgeries_are_refused_and_the_allowed_traffic_flows(buses):
         hidden = TaskSecret(task_id=request.task_id, hidden_tests=REF, test_command=["pytest"], reference_patch="")
         return TaskReply(task=SPEC, secret=hidden)
 
-    await buses["catalog"].serve(subjects.CATALOG_SECRET, secret, TaskRequest, queue=subjects.CATALOG_QUEUE)
-    reply = await buses["grader"].request(subjects.CATALOG_SECRET, TaskRequest(task_id="t"), TaskReply)
+    await buses["catalog"].serve(endpoints.CATALOG_SECRET, secret)
+    reply = await buses["grader"].request(endpoints.CATALOG_SECRET, TaskRequest(task_id="t"))
     assert reply.secret is not None and reply.secret.test_command == ["pytest"]
     assert await buses["grader"].publish(subjects.graded(RUN), graded())
     assert await buses["checkpoints"].publish(subjects.weights_announced(RUN), announced)
@@ -135,16 +135,16 @@ async def test_a_service_reads_no_other_inbox_and_changes_no_stream(buses):
         snooped.append(msg)
 
     await trainer.nc.subscribe("_INBOX.grader.>", cb=keep)
-    await trainer.nc.subscribe(subjects.CATALOG_SECRET, queue=subjects.CATALOG_QUEUE, cb=keep)
+    await trainer.nc.subscribe(subjects.CATALOG_SECRET, queue=endpoints.CATALOG_SECRET.queue, cb=keep)
     await until(lambda: {"_inbox.grader.>", subjects.CATALOG_SECRET} <= trainer.refused.keys())
 
     async def secret(request: TaskRequest) -> TaskReply:
         hidden = TaskSecret(task_id=request.task_id, hidden_tests=REF, test_command=["pytest"], reference_patch="")
         return TaskReply(task=SPEC, secret=hidden)
 
-    await buses["catalog"].serve(subjects.CATALOG_SECRET, secret, TaskRequest, queue=subjects.CATALOG_QUEUE)
+    await buses["catalog"].serve(endpoints.CATALOG_SECRET, secret)
     for _ in range(5):
-        assert (await grader.request(subjects.CATALOG_SECRET, TaskRequest(task_id="t"), TaskReply)).secret
+        assert (await grader.request(endpoints.CATALOG_SECRET, TaskRequest(task_id="t"))).secret
     assert snooped == []
 
     await grader.ensure_streams()  # the same configuration: nothing to change, nothing refused

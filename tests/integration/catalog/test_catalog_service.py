@@ -7,14 +7,11 @@ from api_process import key_headers
 from httpx import ASGITransport, AsyncClient
 
 from crucible.bus import RemoteError
-from crucible.contracts import subjects
+from crucible.contracts import endpoints
 from crucible.contracts.messages import (
-    DescribeReply,
     DescribeRequest,
     ListRequest,
-    SampleReply,
     SampleRequest,
-    TaskReply,
     TaskRequest,
 )
 from crucible.db import make_engine, make_sessionmaker
@@ -28,22 +25,20 @@ pytestmark = pytest.mark.integration
 
 async def test_sample_and_get_over_the_bus(bus, store):
     request = SampleRequest(run_id="r1", taskset="pybugs", count=5, seed=3)
-    reply = await bus.request(subjects.CATALOG_SAMPLE, request, SampleReply, timeout=10)
-    again = await bus.request(subjects.CATALOG_SAMPLE, request, SampleReply, timeout=10)
+    reply = await bus.request(endpoints.CATALOG_SAMPLE, request, timeout=10)
+    again = await bus.request(endpoints.CATALOG_SAMPLE, request, timeout=10)
     assert len(reply.tasks) == 5 and [t.task_id for t in reply.tasks] == [t.task_id for t in again.tasks]
     assert {t.task_id for t in reply.tasks} == {"pybugs-d1-0000", "pybugs-d2-0000"}
 
     level2 = SampleRequest(run_id="r1", taskset="pybugs", difficulties=[2])
-    spec = (await bus.request(subjects.CATALOG_SAMPLE, level2, SampleReply, timeout=10)).tasks[0]
+    spec = (await bus.request(endpoints.CATALOG_SAMPLE, level2, timeout=10)).tasks[0]
     assert spec.task_id == "pybugs-d2-0000" and spec.difficulty == 2 and spec.statement
     files = untar(await store.get_bytes(spec.snapshot))
     assert "README.md" in files and HIDDEN_TESTS not in files
 
-    public = await bus.request(subjects.CATALOG_GET, TaskRequest(task_id=spec.task_id), TaskReply, timeout=10)
+    public = await bus.request(endpoints.CATALOG_GET, TaskRequest(task_id=spec.task_id), timeout=10)
     assert public.secret is None and public.task == spec
-    full = await bus.request(
-        subjects.CATALOG_SECRET, TaskRequest(task_id=spec.task_id), TaskReply, timeout=10
-    )
+    full = await bus.request(endpoints.CATALOG_SECRET, TaskRequest(task_id=spec.task_id), timeout=10)
     assert full.secret is not None and HIDDEN_TESTS in full.secret.test_command
     assert full.secret.fail_to_pass and all(t.startswith(HIDDEN_TESTS) for t in full.secret.fail_to_pass)
     assert full.secret.pass_to_pass and spec.split == "train"
@@ -63,27 +58,27 @@ async def test_bad_requests_get_clear_errors(bus):
         (ListRequest(taskset="pybugs", split="train", limit=0), "bad_request"),
     ]
     for request, code in cases:
-        subject, reply_type = {
-            SampleRequest: (subjects.CATALOG_SAMPLE, SampleReply),
-            ListRequest: (subjects.CATALOG_LIST, SampleReply),
-            TaskRequest: (subjects.CATALOG_GET, TaskReply),
+        endpoint = {
+            SampleRequest: endpoints.CATALOG_SAMPLE,
+            ListRequest: endpoints.CATALOG_LIST,
+            TaskRequest: endpoints.CATALOG_GET,
         }[type(request)]
         with pytest.raises(RemoteError) as error:
-            await bus.request(subject, request, reply_type, timeout=10)
+            await bus.request(endpoint, request, timeout=10)
         assert error.value.code == code, request
 
 
 async def test_a_split_is_listed_in_task_id_order(bus):
-    listed = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset="pybugs", split="train"), SampleReply)
+    listed = await bus.request(endpoints.CATALOG_LIST, ListRequest(taskset="pybugs", split="train"))
     assert [t.task_id for t in listed.tasks] == ["pybugs-d1-0000", "pybugs-d2-0000"]
-    one = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset="pybugs", split="train", limit=1), SampleReply)
+    one = await bus.request(endpoints.CATALOG_LIST, ListRequest(taskset="pybugs", split="train", limit=1))
     assert [t.task_id for t in one.tasks] == ["pybugs-d1-0000"]
 
 
 async def test_describe_names_each_split_s_difficulties(bus):
-    reply = await bus.request(subjects.CATALOG_DESCRIBE, DescribeRequest(taskset="pybugs"), DescribeReply)
+    reply = await bus.request(endpoints.CATALOG_DESCRIBE, DescribeRequest(taskset="pybugs"))
     assert reply.difficulties == {"train": [1, 2]}
-    unknown = await bus.request(subjects.CATALOG_DESCRIBE, DescribeRequest(taskset="nope"), DescribeReply)
+    unknown = await bus.request(endpoints.CATALOG_DESCRIBE, DescribeRequest(taskset="nope"))
     assert unknown.difficulties == {}
 
 

@@ -10,7 +10,7 @@ import torch
 
 from crucible.bus import RemoteError
 from crucible.clients.checkpoints import WeightsError, get_manifest, load_weights, publish_weights
-from crucible.contracts import decode, subjects
+from crucible.contracts import decode, endpoints, subjects
 from crucible.contracts.events import CheckpointPublished, Event
 from crucible.contracts.keys import manifest_key, shard_key
 from crucible.contracts.messages import (
@@ -44,9 +44,7 @@ async def announcements(bus, run_id: str) -> int:
 
 
 async def commit(bus, manifest: WeightsManifest) -> CommitReply:
-    return await bus.request(
-        subjects.CHECKPOINTS_COMMIT, CommitRequest(manifest=manifest), CommitReply, timeout=30
-    )
+    return await bus.request(endpoints.CHECKPOINTS_COMMIT, CommitRequest(manifest=manifest), timeout=30)
 
 
 async def test_commit_stores_manifest_and_announces(bus, store):

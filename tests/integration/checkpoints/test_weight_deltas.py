@@ -17,7 +17,7 @@ from crucible.clients.checkpoints import (
     get_manifest,
     load_weights,
 )
-from crucible.contracts import subjects
+from crucible.contracts import endpoints, subjects
 from crucible.contracts.keys import delta_shard_key, manifest_key
 from crucible.contracts.messages import CommitReply, CommitRequest, WeightsAnnounced, WeightsManifest
 from crucible.model.weight_delta import encode_delta, tensor_sha256
@@ -57,9 +57,7 @@ def assert_exact(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor]) ->
 
 
 async def commit(bus, manifest: WeightsManifest) -> CommitReply:
-    return await bus.request(
-        subjects.CHECKPOINTS_COMMIT, CommitRequest(manifest=manifest), CommitReply, timeout=30
-    )
+    return await bus.request(endpoints.CHECKPOINTS_COMMIT, CommitRequest(manifest=manifest), timeout=30)
 
 
 async def test_deltas_round_trip_exactly_and_republishing_is_idempotent(bus, store):

@@ -14,8 +14,8 @@ from reward_options import OPTIONS
 from test_grader import graded_messages, queue_drained, trajectory, wait_for
 
 from crucible.clients.sandbox import SandboxClient
-from crucible.contracts import messages, subjects
-from crucible.contracts.messages import ListRequest, SampleReply, SampleRequest, TaskReply, TaskRequest
+from crucible.contracts import endpoints, messages, subjects
+from crucible.contracts.messages import ListRequest, SampleRequest, TaskRequest
 from services.catalog.sandboxed import listed_outcomes
 from services.grader.reward import compute_reward
 
@@ -35,8 +35,9 @@ async def test_import_verifies_reports_and_serves(imported, bus):
     # Split by repository: one of the two is held out.
     assert sorted(report.splits.values()) in ([2, 3], [3, 2]) and set(report.splits) == {"train", "test"}
 
-    train = await bus.request(subjects.CATALOG_SAMPLE, SampleRequest(run_id="r", taskset="imported", count=4), SampleReply)
-    held_out = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset="imported", split="test"), SampleReply)
+    sample = SampleRequest(run_id="r", taskset="imported", count=4)
+    train = await bus.request(endpoints.CATALOG_SAMPLE, sample)
+    held_out = await bus.request(endpoints.CATALOG_LIST, ListRequest(taskset="imported", split="test"))
     assert {t.split for t in train.tasks} == {"train"} and {t.split for t in held_out.tasks} == {"test"}
     repos = {t.task_id.split("-")[1] for t in held_out.tasks} & {t.task_id.split("-")[1] for t in train.tasks}
     assert not repos, "a repository is in both splits"
@@ -47,8 +48,8 @@ async def test_import_verifies_reports_and_serves(imported, bus):
 
 async def test_imported_tasks_grade_like_generated_ones(imported, bus, grader):
     run_id = f"run-{uuid.uuid4().hex[:8]}"
-    listed = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset="imported", split="train"), SampleReply)
-    reply = await bus.request(subjects.CATALOG_SECRET, TaskRequest(task_id=listed.tasks[0].task_id), TaskReply)
+    listed = await bus.request(endpoints.CATALOG_LIST, ListRequest(taskset="imported", split="train"))
+    reply = await bus.request(endpoints.CATALOG_SECRET, TaskRequest(task_id=listed.tasks[0].task_id))
     assert reply.secret is not None
     fixed = trajectory(run_id=run_id, task=reply, diff=reply.secret.reference_patch)
     idle = trajectory(run_id=run_id, task=reply, diff="")
@@ -65,14 +66,14 @@ async def unchanged_repository_scores_zero_on_every_task_under_every_option(bus)
     for taskset in ("imported", "pybugs"):
         for split in ("train", "test"):
             try:
-                listed = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset=taskset, split=split), SampleReply)
+                listed = await bus.request(endpoints.CATALOG_LIST, ListRequest(taskset=taskset, split=split))
             except Exception:  # noqa: BLE001 - the small generated set has no test split
                 continue
             tasks += listed.tasks
     assert len(tasks) == 6
     client = SandboxClient(bus)
     for spec in tasks:
-        reply = await bus.request(subjects.CATALOG_SECRET, TaskRequest(task_id=spec.task_id), TaskReply)
+        reply = await bus.request(endpoints.CATALOG_SECRET, TaskRequest(task_id=spec.task_id))
         secret = reply.secret
         assert secret is not None
         async with await client.create(run_id="t", task_id=spec.task_id, snapshot=spec.snapshot) as session:

@@ -19,8 +19,8 @@ from grading_task import a_task, trajectory
 
 from crucible.bus import Bus
 from crucible.clients.sandbox import SandboxClient
-from crucible.contracts import subjects
-from crucible.contracts.messages import ListRequest, Reward, SampleReply, TaskReply, TaskRequest
+from crucible.contracts import endpoints
+from crucible.contracts.messages import ListRequest, Reward, TaskReply, TaskRequest
 from crucible.contracts.runconfig import RunConfig
 from services.grader.grading import grade
 
@@ -200,10 +200,8 @@ async def test_without_the_scan_probes_stop_the_attacks_and_pytest_only_tasks_pa
     assert honest.total == 1.0 and honest.resolved, honest
 
     # What the scan is for: on a task without probes these leave the bug in place and are paid in full.
-    listed = await bus.request(subjects.CATALOG_LIST, ListRequest(taskset="imported", split="train"), SampleReply)
-    pytest_only = await bus.request(
-        subjects.CATALOG_SECRET, TaskRequest(task_id=listed.tasks[0].task_id), TaskReply
-    )
+    listed = await bus.request(endpoints.CATALOG_LIST, ListRequest(taskset="imported", split="train"))
+    pytest_only = await bus.request(endpoints.CATALOG_SECRET, TaskRequest(task_id=listed.tasks[0].task_id))
     assert pytest_only.secret is not None and not pytest_only.secret.probes
     for name in REPORT_ATTACKS:
         diff = await diff_of(bus, pytest_only, run_id, module_of(pytest_only), APPENDED[name], append=True)

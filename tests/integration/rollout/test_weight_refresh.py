@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from crucible.clients.checkpoints import WeightsPublisher
-from crucible.contracts import subjects
+from crucible.contracts import endpoints
 from crucible.contracts.keys import delta_shard_key
-from crucible.contracts.messages import CommitReply, CommitRequest
+from crucible.contracts.messages import CommitRequest
 from crucible.contracts.runconfig import RunConfig
 from crucible.model import PRESETS, build_model
 from crucible.model.weight_delta import encode_delta
@@ -77,9 +77,7 @@ async def test_a_replica_swaps_in_deltas_exactly_and_refuses_a_corrupt_one(commo
             assert len(manifest.shards) == 1  # the preset is small
             refs = [await rt.store.put_bytes(delta_shard_key(run_id, 2, 0), wrong)]
             bad = msgspec.structs.replace(manifest, version=2, step=2, shards=refs)
-            await rt.bus.request(
-                subjects.CHECKPOINTS_COMMIT, CommitRequest(manifest=bad), CommitReply, timeout=30
-            )
+            await rt.bus.request(endpoints.CHECKPOINTS_COMMIT, CommitRequest(manifest=bad), timeout=30)
             worker.latest_announced = 2
             await worker._load(2)
             assert worker.engine.version == 1 and same(engine_weights(worker), weights[1])
