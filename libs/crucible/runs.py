@@ -36,7 +36,9 @@ async def end_run(
     bus: Bus, *, run_id: str, status: str, step: int, version: int, error: str = "", source: str
 ) -> RunFinished:
     """End the run as `status` unless it has ended already; returns the end that stands."""
-    end = RunFinished(run_id=run_id, status=status, step=step, version=version, finished_at=time.time(), error=error)
+    end = RunFinished(
+        run_id=run_id, status=status, step=step, version=version, finished_at=time.time(), error=error
+    )
     await bus.publish(subjects.run_finished(run_id), end, msg_id=f"{run_id}/finished")
     stands = await run_end(bus, run_id) or end
     if stands.status == status:

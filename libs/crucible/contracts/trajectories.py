@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import pairwise
 
 import numpy as np
 from numpy.typing import NDArray
@@ -105,9 +106,10 @@ def check_trajectory(trajectory: Trajectory) -> None:
     if not np.isfinite(packed.logprobs).all():
         raise ContractError(f"trajectory {t.trajectory_id}: behaviour logprobs that are not finite")
     starts = t.context_starts
-    if starts and (starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])) or starts[-1] >= n):
+    if starts and (starts[0] != 0 or any(b <= a for a, b in pairwise(starts)) or starts[-1] >= n):
         raise ContractError(
-            f"trajectory {t.trajectory_id}: context starts {starts[:8]} are not increasing from 0 within {n} tokens"
+            f"trajectory {t.trajectory_id}: context starts {starts[:8]} are not increasing from 0"
+            f" within {n} tokens"
         )
     for call in t.tool_calls:
         if not 0 <= call.token_start <= call.token_end <= n:
@@ -124,7 +126,9 @@ def check_graded(graded: GradedTrajectory) -> None:
     reward = graded.reward
     numbers = [
         reward.total, *reward.components.values(), *reward.quality.values(),
-        *(test.duration_s for test in reward.tests), *(call.duration_s for call in graded.trajectory.tool_calls),
+        *(test.duration_s for test in reward.tests),
+        *(call.duration_s for call in graded.trajectory.tool_calls),
     ]  # fmt: skip
     if not all(map(math.isfinite, numbers)):
-        raise ContractError(f"trajectory {graded.trajectory.trajectory_id}: a reward or timing that is not finite")
+        trajectory_id = graded.trajectory.trajectory_id
+        raise ContractError(f"trajectory {trajectory_id}: a reward or timing that is not finite")

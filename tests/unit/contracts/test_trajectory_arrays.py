@@ -1,4 +1,5 @@
-"""The typed view of a trajectory's packed arrays: zero-copy, lengths checked once, one rule per derived value."""
+"""The typed view of a trajectory's packed arrays: zero-copy, lengths checked once, one rule per derived
+value."""
 
 from __future__ import annotations
 
