@@ -102,7 +102,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=5)
     a = parser.parse_args()
     print(
-        f"tokens/rank={a.tokens} dim={a.dim} hidden={a.hidden} experts={a.experts} top_k={a.top_k}, fp32, gloo"
+        f"tokens/rank={a.tokens} dim={a.dim} hidden={a.hidden} experts={a.experts} top_k={a.top_k},"
+        " fp32, gloo"
     )
     header = ("ranks", "experts ms", "a2a ms", "dispatch ms", "a2a/experts", "overhead/experts")
     print(" ".join(f"{h:>{w}}" for h, w in zip(header, WIDTHS, strict=True)))

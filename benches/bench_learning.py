@@ -15,7 +15,8 @@ test split: the settings below were fixed before the first run.
     python -m benches.bench_learning --json            # 3 seeds, writes docs/learning.png
     python -m benches.bench_learning --seeds 1 --rl-steps 4
     # the larger size, for a machine with more cores (the services run the model on the CPU):
-    python -m benches.bench_learning --model package:smollm2-135m-instruct --torch-threads 4 --plot learning-smollm2.png
+    python -m benches.bench_learning --model package:smollm2-135m-instruct --torch-threads 4 \\
+        --plot learning-smollm2.png
 """
 
 from __future__ import annotations
@@ -134,9 +135,15 @@ def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any
         "sft": {**sft, "steps": max(1, sequences // args.batch)},
     })  # fmt: skip
     control_curve = [{"step": 0, **start}, {"step": args.rl_steps, **point(control["evals"][-1])}]
-    return {"seed": seed, "model": args.model, "warm_start": warm["warm_start"], "rl": rl_curve, "control": control_curve,
-            "rl_train": stack.train_resolved(rl),
-            "runs": {"warm": warm["run_id"], "rl": rl["run_id"], "control": control["run_id"]}}  # fmt: skip
+    return {
+        "seed": seed,
+        "model": args.model,
+        "warm_start": warm["warm_start"],
+        "rl": rl_curve,
+        "control": control_curve,
+        "rl_train": stack.train_resolved(rl),
+        "runs": {"warm": warm["run_id"], "rl": rl["run_id"], "control": control["run_id"]},
+    }
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -147,8 +154,13 @@ def plot(results: list[dict[str, Any]], path: Path) -> None:
 
     fig, (ax, train) = plt.subplots(1, 2, figsize=(11, 4), dpi=120)
     for i, r in enumerate(results):
-        train.plot([p["step"] for p in r["rl_train"]], [p["resolved"] for p in r["rl_train"]], color="tab:blue",
-                   alpha=0.8, label="RL arm" if i == 0 else None)  # fmt: skip
+        train.plot(
+            [p["step"] for p in r["rl_train"]],
+            [p["resolved"] for p in r["rl_train"]],
+            color="tab:blue",
+            alpha=0.8,
+            label="RL arm" if i == 0 else None,
+        )
     train.set_xlabel("RL optimizer step")
     train.set_ylabel("resolved rate of the step's training episodes")
     train.set_ylim(-0.02, 1.02)
@@ -188,7 +200,8 @@ def main() -> None:
         "--shaping",
         type=float,
         default=0.0,
-        help="reward.shaping of the RL arm: pays successful tool calls of an episode that changed the repository.",
+        help="reward.shaping of the RL arm: pays successful tool calls of an episode that changed the "
+        "repository.",
     )
     parser.add_argument("--samples", type=int, default=2, help="Sampled evaluation episodes per task.")
     parser.add_argument("--timeout", type=float, default=1200.0, help="Seconds per run.")

@@ -119,7 +119,8 @@ def main() -> None:
     for key, row in results.items():
         print(f"{key:22s} {row['tokens_per_s']:9.1f} tokens/s  peak {row['peak_rss_mb']:7.0f} MB")
     print(
-        f"ratios: train {summary['train_over_transformers']:.2f}x, decode {summary['decode_over_transformers']:.2f}x"
+        f"ratios: train {summary['train_over_transformers']:.2f}x,"
+        f" decode {summary['decode_over_transformers']:.2f}x"
     )
 
 

@@ -2,8 +2,8 @@
 
 The prompt names one of the agent's tools ("use grep #417"); the reward is 1 when the policy's action
 calls that tool. Sampling runs through the rollout's engine (constrained decoding, per-token versions
-and behaviour logprobs, router replay), training through the trainer service's worker group (one rank) with the
-run config's loss and advantages, and the sampler's weights lag the trainer's (a new version every
+and behaviour logprobs, router replay), training through the trainer service's worker group (one rank)
+with the run config's loss and advantages, and the sampler's weights lag the trainer's (a new version every
 `publish_every` steps), so the importance ratios and staleness are exercised as in a real run.
 
 Held-out accuracy is the greedy choice on 60 prompts whose numbers never occur in training (10 per
@@ -179,9 +179,11 @@ def main() -> None:
                 })  # fmt: skip
                 if not args.json:
                     r = rows[-1]
-                    print(f"{loss:9s} seed {seed} {r['arm']:7s} held-out {r['start']:.2f} -> {r['end']:.2f} "
-                          f"({r['lift_points']:+.0f} points), steps to {args.target:.0%}: {r['steps_to_target']}, "
-                          f"{r['seconds']} s")  # fmt: skip
+                    print(
+                        f"{loss:9s} seed {seed} {r['arm']:7s} held-out {r['start']:.2f} -> {r['end']:.2f} "
+                        f"({r['lift_points']:+.0f} points), steps to {args.target:.0%}: "
+                        f"{r['steps_to_target']}, {r['seconds']} s"
+                    )
     if args.json:
         print(json.dumps({"target": args.target, "steps": args.steps, "arms": rows}, indent=2))
 

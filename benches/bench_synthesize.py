@@ -54,9 +54,15 @@ def main() -> None:
                 tar.extractall(Path(tmp) / project, filter="data")
             [root] = list((Path(tmp) / project).iterdir())
             started = time.monotonic()
-            suite = crucible("sandbox", "tool", "--workspace", str(root), "run_tests",
-                             json.dumps({"pytest_args": ["-q", "-p", "no:cacheprovider", tests], "timeout_s": 600}),
-                             env={**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"})  # fmt: skip
+            suite = crucible(
+                "sandbox",
+                "tool",
+                "--workspace",
+                str(root),
+                "run_tests",
+                json.dumps({"pytest_args": ["-q", "-p", "no:cacheprovider", tests], "timeout_s": 600}),
+                env={**env, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+            )
             suite_s = time.monotonic() - started
             run = crucible(
                 "tasks", "synthesize", str(root), "--max-tasks", str(args.max_tasks), "--json", env=env
@@ -79,8 +85,11 @@ def main() -> None:
         print(json.dumps(results, indent=2))
     else:
         for project, r in results.items():
-            print(f"{project} {r['version']}: {r['verified']} verified, {r['rejected']} rejected, "
-                  f"{r['seconds_per_task']:.1f}s per task = {r['suite_runs_per_task']}x one suite run ({r['suite_seconds']}s)")  # fmt: skip
+            print(
+                f"{project} {r['version']}: {r['verified']} verified, {r['rejected']} rejected, "
+                f"{r['seconds_per_task']:.1f}s per task = {r['suite_runs_per_task']}x one suite run "
+                f"({r['suite_seconds']}s)"
+            )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,9 @@ def test_double():
 def test_double_negative():
     assert double(-2) == -4
 """,
-    "pyproject.toml": '[project]\nname = "mathkit"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\npythonpath = ["."]\n',
+    "pyproject.toml": (
+        '[project]\nname = "mathkit"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\npythonpath = ["."]\n'
+    ),
 }
 MATHKIT_FIXES = {
     "clamp": ("return max(low, min(x, low))", "return max(low, min(x, high))", "assert clamp(5, 0, 3) == 3"),
@@ -79,7 +81,9 @@ def shout(text):
 def test_shout():
     assert shout("hi") == "HI!"
 """,
-    "pyproject.toml": '[project]\nname = "textkit"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\npythonpath = ["."]\n',
+    "pyproject.toml": (
+        '[project]\nname = "textkit"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\npythonpath = ["."]\n'
+    ),
 }
 TEXTKIT_FIXES = {
     "count_words": ('len(text.split(" "))', "len(text.split())", 'assert count_words("a  b") == 2'),
@@ -88,8 +92,14 @@ TEXTKIT_FIXES = {
 
 
 def git(repo: Path, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.invalid", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.invalid", "HOME": str(repo), "PATH": "/usr/bin:/bin"}  # fmt: skip
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.invalid",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.invalid",
+        "HOME": str(repo),
+        "PATH": "/usr/bin:/bin",
+    }
     proc = subprocess.run(
         ["git", "-C", str(repo), *args], capture_output=True, text=True, env=env, check=True
     )
@@ -149,8 +159,14 @@ def build(root: Path) -> tuple[Path, list[dict]]:
     mirrors = root / "mirrors"
     math_repo, math_commit = _repo(mirrors / "acme__mathkit", MATHKIT)
     text_repo, text_commit = _repo(root / "work" / "textkit", TEXTKIT)
-    instances = _instances(math_repo, "acme/mathkit", math_commit, "mathkit/ops.py", MATHKIT_FIXES,
-                           ["tests/test_ops.py::test_double", "tests/test_ops.py::test_double_negative"])  # fmt: skip
+    instances = _instances(
+        math_repo,
+        "acme/mathkit",
+        math_commit,
+        "mathkit/ops.py",
+        MATHKIT_FIXES,
+        ["tests/test_ops.py::test_double", "tests/test_ops.py::test_double_negative"],
+    )
     instances += _instances(text_repo, "acme/textkit", text_commit, "textkit/words.py", TEXTKIT_FIXES,
                             ["tests/test_words.py::test_shout"])  # fmt: skip
     with tarfile.open(mirrors / "textkit.tar.gz", "w:gz") as tar:

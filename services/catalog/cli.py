@@ -64,8 +64,9 @@ def _run(work: Callable[..., Awaitable[Any]], as_json: bool) -> None:
     else:
         console = Console()
         console.print(
-            f"task set [bold]{out['taskset']}[/bold]: {out['verified']} verified, {out['rejected']} rejected, "
-            f"splits {out['splits']}, {out['seconds_per_task']:.1f}s per candidate"
+            f"task set [bold]{out['taskset']}[/bold]: {out['verified']} verified, "
+            f"{out['rejected']} rejected, splits {out['splits']}, "
+            f"{out['seconds_per_task']:.1f}s per candidate"
         )
         if out["reasons"]:
             table = Table("candidate", "why it is not served")

@@ -15,8 +15,18 @@ from dataclasses import dataclass, field
 
 from crucible import pyast
 
-_COMPARE_SWAP = {ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq,
-                 ast.NotEq: ast.Eq, ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}  # fmt: skip
+_COMPARE_SWAP = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
 _OPERATOR_SWAP = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.FloorDiv, ast.FloorDiv: ast.Mult,
                   ast.Mod: ast.FloorDiv, ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd}  # fmt: skip
 
@@ -168,5 +178,14 @@ def _apply(path, text, offsets, function_name, kind, node, replacement, function
             after = f"({after})"
     if before == after:
         return None
-    return Mutation(path=path, function=function_name, kind=kind, line=node.lineno, before=before, after=after,
-                    text=text, start=start, end=end)  # fmt: skip
+    return Mutation(
+        path=path,
+        function=function_name,
+        kind=kind,
+        line=node.lineno,
+        before=before,
+        after=after,
+        text=text,
+        start=start,
+        end=end,
+    )

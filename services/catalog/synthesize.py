@@ -62,8 +62,13 @@ def source_modules(files: dict[str, bytes]) -> dict[str, str]:
 
 
 def test_paths(files: dict[str, bytes]) -> list[str]:
-    return sorted({p.split("/", 1)[0] if p.split("/", 1)[0] in {"tests", "test"} else p
-                   for p in files if p.endswith(".py") and is_test_path(p) and p.rsplit("/", 1)[-1] != "conftest.py"})  # fmt: skip
+    return sorted(
+        {
+            p.split("/", 1)[0] if p.split("/", 1)[0] in {"tests", "test"} else p
+            for p in files
+            if p.endswith(".py") and is_test_path(p) and p.rsplit("/", 1)[-1] != "conftest.py"
+        }
+    )
 
 
 def ordered(candidates: list[Mutation], seed: int) -> list[Mutation]:

@@ -41,8 +41,18 @@ def test_imported_tasks_are_trained_on_and_evaluated(tmp_path):
         mirrors, good = swebench_repos.build(tmp_path / "repos")
         instances = tmp_path / "instances.jsonl"
         instances.write_text(swebench_repos.jsonl(good))
-        imported = crucible("tasks", "import", str(instances), "--repos", str(mirrors), "--taskset", "imported",
-                            "--json", env=env, timeout=600)  # fmt: skip
+        imported = crucible(
+            "tasks",
+            "import",
+            str(instances),
+            "--repos",
+            str(mirrors),
+            "--taskset",
+            "imported",
+            "--json",
+            env=env,
+            timeout=600,
+        )
         assert imported.returncode == 0, imported.stderr
         report = json.loads(imported.stdout)
         assert report["verified"] == 5 and set(report["splits"]) == {"train", "test"}
@@ -99,8 +109,13 @@ def test_imported_tasks_are_trained_on_and_evaluated(tmp_path):
             assert all(t["trained_count"] == 0 for t in episodes)
         training = pages(client, f"/v1/runs/{run_id}/trajectories")
         assert training and all(t["eval_id"] is None for t in training)
-        assert {t["task_id"] for t in training}.isdisjoint({t["task_id"] for e in evals for t in
-                                                           pages(client, f"/v1/runs/{run_id}/trajectories", eval_id=e["eval_id"])})  # fmt: skip
+        assert {t["task_id"] for t in training}.isdisjoint(
+            {
+                t["task_id"]
+                for e in evals
+                for t in pages(client, f"/v1/runs/{run_id}/trajectories", eval_id=e["eval_id"])
+            }
+        )
         shown = crucible("runs", "show", run_id, "--json", env=env)
         assert shown.returncode == 0 and len(json.loads(shown.stdout)["evals"]) == 3
         assert client.post("/v1/evals", json={"run_id": run_id, "version": 99}).status_code == 404

@@ -109,8 +109,12 @@ def test_a_warm_start_trains_publishes_and_an_rl_run_starts_from_it(tmp_path, mo
             "/v1/runs", json={"name": "x", "config": {**config, "model": {"init": "run-nope@0"}}}
         )
         missing_id = missing.raise_for_status().json()["run_id"]
-        failed = wait_for(lambda: (r := client.get(f"/v1/runs/{missing_id}").json())["status"] == "failed" and r,
-                          timeout=120, what="a run with a missing init to fail", stack=stack)  # fmt: skip
+        failed = wait_for(
+            lambda: (r := client.get(f"/v1/runs/{missing_id}").json())["status"] == "failed" and r,
+            timeout=120,
+            what="a run with a missing init to fail",
+            stack=stack,
+        )
         assert "model.init run-nope@0" in failed["error"]
         unreadable = {
             "sft": {"steps": 5, "tasks": 0, "imported": "demonstrations/none.jsonl"},
@@ -121,8 +125,12 @@ def test_a_warm_start_trains_publishes_and_an_rl_run_starts_from_it(tmp_path, mo
             .raise_for_status()
             .json()["run_id"]
         )
-        failed = wait_for(lambda: (r := client.get(f"/v1/runs/{missing_id}").json())["status"] == "failed" and r,
-                          timeout=120, what="a run with an unreadable sft.imported to fail", stack=stack)  # fmt: skip
+        failed = wait_for(
+            lambda: (r := client.get(f"/v1/runs/{missing_id}").json())["status"] == "failed" and r,
+            timeout=120,
+            what="a run with an unreadable sft.imported to fail",
+            stack=stack,
+        )
         assert "sft.imported demonstrations/none.jsonl cannot be read" in failed["error"]
 
         tracking = tmp_path / "stack" / "tracking"

@@ -61,8 +61,8 @@ class Teacher:
         body = [] if action.name in tokenizer.NO_ARGUMENT_TOOLS else [*tokenizer.encode(text), tokenizer.END]
         if 1 + len(body) > self.agent.max_action_tokens:
             raise DemonstrationError(
-                f"over the action budget: {action.name} takes {1 + len(body)} tokens, agent.max_action_tokens = "
-                f"{self.agent.max_action_tokens}"
+                f"over the action budget: {action.name} takes {1 + len(body)} tokens, "
+                f"agent.max_action_tokens = {self.agent.max_action_tokens}"
             )
         if len(state) + 1 + len(body) + 2 >= self.max_context:
             return action.name, text, True
@@ -82,8 +82,8 @@ class Teacher:
         tokens = [*self.tokenizer.encode(call, add_special_tokens=False), self.tokenizer.eos_token_id]
         if len(tokens) > self.agent.max_action_tokens:
             raise DemonstrationError(
-                f"over the action budget: {action.name} takes {len(tokens)} tokens, agent.max_action_tokens = "
-                f"{self.agent.max_action_tokens}"
+                f"over the action budget: {action.name} takes {len(tokens)} tokens, "
+                f"agent.max_action_tokens = {self.agent.max_action_tokens}"
             )
         matcher = self.tool_calls.matcher()
         for token in tokens:  # the policy could have sampled exactly these under its grammar

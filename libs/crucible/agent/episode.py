@@ -199,15 +199,34 @@ async def run_episode(
     finally:
         engine.release(contexts.live)
     return episode_trajectory(
-        tokenizer=engine.tokenizer, states=contexts.all, task=task, run_id=run_id, group_id=group_id, calls=calls,
-        finish=finish, diff=await session.diff(), replica=replica, started=started, trajectory_id=trajectory_id,
-    )  # fmt: skip
+        tokenizer=engine.tokenizer,
+        states=contexts.all,
+        task=task,
+        run_id=run_id,
+        group_id=group_id,
+        calls=calls,
+        finish=finish,
+        diff=await session.diff(),
+        replica=replica,
+        started=started,
+        trajectory_id=trajectory_id,
+    )
 
 
 def episode_trajectory(
-    *, tokenizer: Any, states: list[EpisodeState], task: TaskSpec, run_id: str, group_id: str,
-    calls: list[ToolCall], finish: str, diff: str, replica: str, started: float, trajectory_id: str | None = None,
-) -> Trajectory:  # fmt: skip
+    *,
+    tokenizer: Any,
+    states: list[EpisodeState],
+    task: TaskSpec,
+    run_id: str,
+    group_id: str,
+    calls: list[ToolCall],
+    finish: str,
+    diff: str,
+    replica: str,
+    started: float,
+    trajectory_id: str | None = None,
+) -> Trajectory:
     """The trajectory of a finished episode: its contexts (one after the other) with every token's
     record, its tool calls, the repository's diff."""
     tokens = [t for state in states for t in state.tokens]

@@ -193,7 +193,8 @@ def render_text(
         described = "\n".join(json.dumps(tool) for tool in tools)
         system = (
             "You may call one of these tools per turn. Answer with exactly one call, as "
-            f'{OPEN.strip()}{{"name": ..., "arguments": {{...}}}}{CLOSE.strip()}\n<tools>\n{described}\n</tools>'
+            f'{OPEN.strip()}{{"name": ..., "arguments": {{...}}}}{CLOSE.strip()}\n'
+            f"<tools>\n{described}\n</tools>"
         )
         if messages and messages[0]["role"] == "system":
             messages = [

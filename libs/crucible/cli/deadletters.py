@@ -63,8 +63,17 @@ def list_letters(
     """The newest dead letters, newest first."""
     letters = asyncio.run(_with_bus(lambda bus: bus.dead_letters(stream=stream, limit=limit)))
     if as_json:
-        rows = [{"seq": seq, "stream": letter.stream, "subject": letter.subject, "consumer": letter.consumer,
-                 "deliveries": letter.deliveries, "reason": letter.reason} for seq, letter in letters]  # fmt: skip
+        rows = [
+            {
+                "seq": seq,
+                "stream": letter.stream,
+                "subject": letter.subject,
+                "consumer": letter.consumer,
+                "deliveries": letter.deliveries,
+                "reason": letter.reason,
+            }
+            for seq, letter in letters
+        ]
         print(json.dumps(rows, indent=2))
         return
     table = Table("seq", "stream", "subject", "consumer", "deliveries", "reason")

@@ -77,8 +77,19 @@ def list_(url: UrlOption = None, as_json: Annotated[bool, typer.Option("--json")
 
     keys = _with_session(url, list_keys)
     if as_json:
-        print(json.dumps([{**k.__dict__, "created_at": k.created_at.isoformat(),
-                           "revoked_at": k.revoked_at and k.revoked_at.isoformat()} for k in keys], indent=2))  # fmt: skip
+        print(
+            json.dumps(
+                [
+                    {
+                        **k.__dict__,
+                        "created_at": k.created_at.isoformat(),
+                        "revoked_at": k.revoked_at and k.revoked_at.isoformat(),
+                    }
+                    for k in keys
+                ],
+                indent=2,
+            )
+        )
         return
     table = Table("key", "name", "scope", "created", "revoked")
     for k in keys:

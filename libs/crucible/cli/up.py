@@ -76,8 +76,12 @@ def up(
                 stack.start()
             console.print(f"API: {stack.api_url}    logs: {stack.state_dir}/logs    Ctrl-C stops everything")
             if stack.api_key_file is not None:
-                console.print(f"admin API key: {stack.api_key_file} (export CRUCIBLE_API_KEY_FILE={stack.api_key_file})",
-                              markup=False, highlight=False)  # fmt: skip
+                console.print(
+                    f"admin API key: {stack.api_key_file} "
+                    f"(export CRUCIBLE_API_KEY_FILE={stack.api_key_file})",
+                    markup=False,
+                    highlight=False,
+                )
                 console.print(f"dashboard: {stack.login_url()}", markup=False, highlight=False)
             if seed := stack.settings_env.get("CRUCIBLE_NATS_NKEY_FILE"):
                 console.print(f"operator's bus identity: {seed} (export CRUCIBLE_NATS_NKEY_FILE={seed})",

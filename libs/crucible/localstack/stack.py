@@ -93,7 +93,8 @@ class LocalStack:
         """An admin key for the api (also in `api_key_file`); the same across restarts on one state dir."""
         self.api_key_file: Path | None = None
         self.identities: Path | None = None
-        """The service identities, when the stack runs its own NATS or S3 (else None: the given servers' rules)."""
+        """The service identities, when the stack runs its own NATS or S3 (else None: the given servers'
+        rules)."""
         self._s3_keys: dict[str, tuple[str, str]] = {}
         """Each service's own S3 key, when the stack runs its own S3."""
         self._started = False

@@ -17,9 +17,10 @@ and says whether it is done. Sequences join and leave between steps; each step i
 
 The cache (`SlotCache`) holds one slot per resident sequence, kept between a sequence's turns (an
 episode's KV cache survives its tool calls) until `release`. A released slot keeps its cache until a slot
-is needed: a new sequence that begins with its tokens takes it over (an API client's next turn). Weights swap between steps: `swap` hands a
-new (model, version) that the next step uses; a sequence resident across a swap keeps its cache, as an
-episode spanning a swap does in asynchronous RL, and every sampled token carries the version that made it.
+is needed: a new sequence that begins with its tokens takes it over (an API client's next turn).
+Weights swap between steps: `swap` hands a new (model, version) that the next step uses; a sequence
+resident across a swap keeps its cache, as an episode spanning a swap does in asynchronous RL, and every
+sampled token carries the version that made it.
 """
 
 from __future__ import annotations

@@ -92,7 +92,8 @@ class ModelConfig:
             problems.append("qk_rope_head_dim must be even for rotary embeddings")
         if self.num_experts and (self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group):
             problems.append(
-                f"num_experts {self.num_experts} in n_group {self.n_group} groups, topk_group {self.topk_group}"
+                f"num_experts {self.num_experts} in n_group {self.n_group} groups, "
+                f"topk_group {self.topk_group}"
             )
         if self.router_scoring not in ROUTER_SCORINGS:
             problems.append(f"router_scoring {self.router_scoring!r} is not one of {ROUTER_SCORINGS}")

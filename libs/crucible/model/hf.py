@@ -291,7 +291,8 @@ def to_crucible(hf: dict[str, torch.Tensor], cfg: ModelConfig, *, where: str) ->
 
 
 def from_crucible(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
-    """Crucible's state dict to Hugging Face names, experts per expert (the layout checkpoints keep on disk)."""
+    """Crucible's state dict to Hugging Face names, experts per expert (the layout checkpoints keep on
+    disk)."""
     family = hf_config(cfg)["model_type"]
     hd, H, KV = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
     out = {

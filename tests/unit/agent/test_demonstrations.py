@@ -107,10 +107,19 @@ CONVERSATION = {
 def play(actor, episode):
     task = TaskSpec(task_id="t", taskset="s", difficulty=0, statement=episode.statement,
                     snapshot=ObjectRef(uri="", sha256="", size=0))  # fmt: skip
-    return asyncio.run(run_episode(
-        engine=actor, config=CONFIG, task=task, session=RecordedSession(episode.results), run_id="r", group_id="g",
-        seed=0, replica="test", tool_timeout_s=1.0,
-    ))  # fmt: skip
+    return asyncio.run(
+        run_episode(
+            engine=actor,
+            config=CONFIG,
+            task=task,
+            session=RecordedSession(episode.results),
+            run_id="r",
+            group_id="g",
+            seed=0,
+            replica="test",
+            tool_timeout_s=1.0,
+        )
+    )
 
 
 def test_an_imported_conversation_plays_in_the_byte_level_format() -> None:

@@ -28,7 +28,8 @@ RAY_CLUSTER_FIELDS = {
     "headGroupSpec": {"rayStartParams", "template", "serviceType"},
     "worker": {"groupName", "replicas", "minReplicas", "maxReplicas", "rayStartParams", "template"},
 }
-"""The RayCluster (ray.io/v1) fields the manifest may use; its pod templates are checked as Kubernetes's own."""
+"""The RayCluster (ray.io/v1) fields the manifest may use; its pod templates are checked as Kubernetes's
+own."""
 
 
 def _as_kubernetes(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -101,14 +102,22 @@ CUTS = {
     "a service-account token": lambda pod, docs: pod.pop("automountServiceAccountToken"),
     "resource requests": lambda pod, docs: pod["containers"][0]["resources"].pop("requests"),
     "a memory limit": lambda pod, docs: pod["containers"][0]["resources"].pop("limits"),
-    "privilege escalation": lambda pod, docs: pod["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+    "privilege escalation": lambda pod, docs: pod["containers"][0]["securityContext"].pop(
+        "allowPrivilegeEscalation"
+    ),
     "dropped capabilities": lambda pod, docs: pod["containers"][0]["securityContext"].pop("capabilities"),
-    "a read-only root": lambda pod, docs: pod["containers"][0]["securityContext"].pop("readOnlyRootFilesystem"),
+    "a read-only root": lambda pod, docs: pod["containers"][0]["securityContext"].pop(
+        "readOnlyRootFilesystem"
+    ),
     "a non-root user": lambda pod, docs: pod["securityContext"].pop("runAsNonRoot"),
     "seccomp": lambda pod, docs: pod["securityContext"].pop("seccompProfile"),
-    "the disruption budget": lambda pod, docs: docs.remove(next(d for d in docs if d["kind"] == "PodDisruptionBudget")),
-    "the network policy": lambda pod, docs: docs.remove(next(d for d in docs if d["kind"] == "NetworkPolicy")),
-}  # fmt: skip
+    "the disruption budget": lambda pod, docs: docs.remove(
+        next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    ),
+    "the network policy": lambda pod, docs: docs.remove(
+        next(d for d in docs if d["kind"] == "NetworkPolicy")
+    ),
+}
 
 
 @pytest.mark.parametrize("cut", CUTS)

@@ -28,17 +28,45 @@ FAMILIES = {
     ),
     "mixtral": (transformers.MixtralConfig, {"num_local_experts": 4, "num_experts_per_tok": 2}),
     "olmoe": (transformers.OlmoeConfig, {"num_experts": 4, "num_experts_per_tok": 2}),
-    "deepseek_v3": (transformers.DeepseekV3Config, dict(
-        num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
-        v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
-        first_k_dense_replace=1, n_group=2, topk_group=1, routed_scaling_factor=2.5,
-    )),
-    "deepseek_v3-direct-q": (transformers.DeepseekV3Config, dict(
-        num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=16, qk_nope_head_dim=16, qk_rope_head_dim=8,
-        v_head_dim=16, n_routed_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, n_shared_experts=1,
-        first_k_dense_replace=0, rope_interleave=False, n_group=1, topk_group=1,
-    )),
-}  # fmt: skip
+    "deepseek_v3": (
+        transformers.DeepseekV3Config,
+        dict(
+            num_key_value_heads=4,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            first_k_dense_replace=1,
+            n_group=2,
+            topk_group=1,
+            routed_scaling_factor=2.5,
+        ),
+    ),
+    "deepseek_v3-direct-q": (
+        transformers.DeepseekV3Config,
+        dict(
+            num_key_value_heads=4,
+            q_lora_rank=None,
+            kv_lora_rank=16,
+            qk_nope_head_dim=16,
+            qk_rope_head_dim=8,
+            v_head_dim=16,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            n_shared_experts=1,
+            first_k_dense_replace=0,
+            rope_interleave=False,
+            n_group=1,
+            topk_group=1,
+        ),
+    ),
+}
 
 
 def hf_model(family: str, seed: int = 0) -> transformers.PreTrainedModel:
