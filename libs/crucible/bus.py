@@ -26,7 +26,7 @@ import ssl
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, overload
+from typing import Any, TypeVar
 
 import msgspec
 import nats
@@ -575,31 +575,12 @@ class Bus:
 
     # --- request / reply --------------------------------------------------------------------------
 
-    @overload
-    async def request(self, endpoint: Endpoint[M, R], message: M, *, timeout: float = 5.0) -> R: ...
-
-    @overload
-    async def request(
-        self, endpoint: str, message: Message, reply_type: type[R], *, timeout: float = 5.0
-    ) -> R: ...
-
-    async def request(
-        self, endpoint: Endpoint[M, R] | str, message: Message, reply_type: type[R] | None = None, *,
-        timeout: float = 5.0,
-    ) -> R:  # fmt: skip
+    async def request(self, endpoint: Endpoint[M, R], message: M, *, timeout: float = 5.0) -> R:
         """Ask the service on `endpoint`. "No responders" is retried for up to NO_RESPONDERS_GRACE_S (within
         `timeout`): nats-server can answer it for a moment after a service's subscription is confirmed
         (about 1 in 100 requests sent right after, in our tests), and a restarting service comes back;
-        a subject nobody serves still fails fast.
-
-        A bare subject with its reply type is the older form, kept only while services.trainer.sft still
-        names subjects; everything else names its endpoint."""
-        if isinstance(endpoint, str):
-            if reply_type is None:
-                raise TypeError(f"a request on the bare subject {endpoint} needs its reply type")
-            subject = endpoint
-        else:
-            subject, reply_type = endpoint.subject, endpoint.reply
+        a subject nobody serves still fails fast."""
+        subject, reply_type = endpoint.subject, endpoint.reply
         data, headers = await self._pack(subject, message, None)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout

@@ -104,7 +104,7 @@ def collate(trajectories: list[Trajectory], advantages: list[float]) -> Batch:
     return Batch(
         tokens_BT=pad("tokens", torch.long),
         behaviour_logprobs_BT=pad("logprobs", torch.float32),
-        mask_BT=pad("loss_mask", torch.float32),
+        mask_BT=pad("sampled", torch.float32),
         valid_BT=valid,
         constraints_BT=pad("constraints", torch.long),
         advantages_BT=adv,

@@ -30,13 +30,11 @@ from crucible.agent.solutions import (
 )
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.clients.sandbox import SandboxClient
-from crucible.contracts import subjects
+from crucible.contracts import endpoints
 from crucible.contracts.events import WarmStartReport
 from crucible.contracts.messages import (
     ListRequest,
     ObjectRef,
-    SampleReply,
-    TaskReply,
     TaskRequest,
     TaskSpec,
     Trajectory,
@@ -92,9 +90,7 @@ async def render(
     async def reference(index: int, task: TaskSpec) -> None:
         async with slots:
             try:
-                reply = await rt.bus.request(
-                    subjects.CATALOG_SECRET, TaskRequest(task_id=task.task_id), TaskReply, timeout=30
-                )
+                reply = await rt.bus.request(endpoints.CATALOG_SECRET, TaskRequest(task_id=task.task_id), timeout=30)
                 if reply.secret is None:
                     raise DemonstrationError("the catalog sent no reference patch")
                 patch = reply.secret.reference_patch
@@ -111,10 +107,8 @@ async def render(
 
     sft = config.sft
     if sft.tasks:
-        listed = await rt.bus.request(
-            subjects.CATALOG_LIST, ListRequest(taskset=config.tasks.taskset, split="train", limit=LIST_LIMIT),
-            SampleReply, timeout=30,
-        )  # fmt: skip
+        request = ListRequest(taskset=config.tasks.taskset, split="train", limit=LIST_LIMIT)
+        listed = await rt.bus.request(endpoints.CATALOG_LIST, request, timeout=30)
         tasks = [t for t in listed.tasks if t.difficulty in config.tasks.difficulties][: sft.tasks]
         await asyncio.gather(*(reference(i, t) for i, t in enumerate(tasks)))
     if sft.imported:
