@@ -120,8 +120,10 @@ class Bench:
         grader_before = self.metrics("grader")
         schedule = [f"schedule.max_steps={steps}", f"schedule.max_staleness={max_staleness}"]
         run_id = self.start(name, [*overrides, *schedule])
-        self.wait(lambda: sample(self.metrics("rollout"), "crucible_rollout_groups_in_flight", run_id=run_id) == 0,
-                  f"run {name}'s last groups")  # fmt: skip
+        self.wait(
+            lambda: sample(self.metrics("rollout"), "crucible_rollout_groups_in_flight", run_id=run_id) == 0,
+            f"run {name}'s last groups",
+        )
         idle_at = time.time()
         self.wait(lambda: len(self.pages(f"/v1/runs/{run_id}/steps")) >= steps, f"run {name}'s step events")
         rollout, grader = self.metrics("rollout"), self.metrics("grader")
@@ -223,11 +225,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6, help="Optimizer steps per run.")
     parser.add_argument("--staleness", type=int, default=2, help="schedule.max_staleness of the async arm.")
     parser.add_argument("--repeats", type=int, default=1, help="Pairs of runs, sync and async alternating.")
-    parser.add_argument("--sft-steps", type=int, default=0,
-                        help="Start both arms from one supervised warm start of this many steps (bench_learning's "
-                        "agent budgets and difficulty-1 tasks); 0: the random-init tiny preset, as the demo.")  # fmt: skip
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        help="Override a run config field in both arms, e.g. --set reward.shaping=0.1 (repeatable).")  # fmt: skip
+    parser.add_argument(
+        "--sft-steps",
+        type=int,
+        default=0,
+        help="Start both arms from one supervised warm start of this many steps (bench_learning's "
+        "agent budgets and difficulty-1 tasks); 0: the random-init tiny preset, as the demo.",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        help="Override a run config field in both arms, e.g. --set reward.shaping=0.1 (repeatable).",
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="Seconds per wait.")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
@@ -280,11 +291,14 @@ def main() -> None:
         print(json.dumps(report, indent=2))
         return
     print(
-        f"{'arm':>6} {'s/step':>7} {'s/step from v0':>14} {'rollout busy':>12} {'trainer busy':>12} reward per step"
+        f"{'arm':>6} {'s/step':>7} {'s/step from v0':>14} {'rollout busy':>12} {'trainer busy':>12}"
+        " reward per step"
     )
     for arm, r in report["arms"].items():
-        print(f"{arm:>6} {r['seconds_per_step']:>7.2f} {r['seconds_per_step_from_v0']:>14.2f} "
-              f"{r['rollout_busy']:>12.2f} {r['trainer_busy']:>12.2f} {r['reward_per_step']}")  # fmt: skip
+        print(
+            f"{arm:>6} {r['seconds_per_step']:>7.2f} {r['seconds_per_step_from_v0']:>14.2f} "
+            f"{r['rollout_busy']:>12.2f} {r['trainer_busy']:>12.2f} {r['reward_per_step']}"
+        )
     print(f"speedup (sync s/step / async s/step): {report['speedup']}")
     print("stage costs (s, sync arm):", ", ".join(f"{k}={v}" for k, v in report["costs"].items()))
 

@@ -134,9 +134,14 @@ def main() -> None:
         times["shared"].append(seconds)
 
     median = {name: statistics.median(t) for name, t in times.items()}
-    agree = sum(
-        a == b for x, y in zip(outputs["batched"], outputs["transformers"], strict=True) for a, b in zip(x, y, strict=False)
-    ) / tokens  # fmt: skip
+    agree = (
+        sum(
+            a == b
+            for x, y in zip(outputs["batched"], outputs["transformers"], strict=True)
+            for a, b in zip(x, y, strict=False)
+        )
+        / tokens
+    )
     summary = {
         "model": SOURCE,
         "group": args.group,

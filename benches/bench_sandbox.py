@@ -339,7 +339,8 @@ def report(r: dict) -> None:
     )
     print(
         f"  create all {v['create_all_s']:.2f} s (16 at a time), {v['sessions']} calls at once "
-        f"{v['calls_all_s'] * 1e3:.0f} ms (p50 {v['call']['p50_ms']:.1f} ms, p95 {v['call']['p95_ms']:.1f} ms), "
+        f"{v['calls_all_s'] * 1e3:.0f} ms (p50 {v['call']['p50_ms']:.1f} ms, "
+        f"p95 {v['call']['p95_ms']:.1f} ms), "
         f"destroy all {v['destroy_all_s']:.2f} s"
     )
     print(

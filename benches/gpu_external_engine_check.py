@@ -4,7 +4,8 @@
     python benches/gpu_external_engine_check.py --kind sglang
     python benches/gpu_external_engine_check.py --kind sglang --url http://127.0.0.1:30000 --model DIR
     # the protocol path on CPU, against `crucible serve DIR --weights-dir W --port 30011`:
-    python benches/gpu_external_engine_check.py --kind sglang --url http://127.0.0.1:30011 --model DIR --weights-dir W
+    python benches/gpu_external_engine_check.py --kind sglang --url http://127.0.0.1:30011 --model DIR \\
+        --weights-dir W
 
 It prepares SmolLM2-135M-Instruct (from its package) as a Hugging Face directory, starts the engine on it
 with the flags services/rollout/external.py names (unless --url is given: a server already started on
@@ -17,9 +18,9 @@ with the flags services/rollout/external.py names (unless --url is given: a serv
   4. times --calls concurrent calls against the same calls one at a time (tokens/s, the ratio).
 
 Exit status 1 if the reload did not take (greedy output unchanged by the perturbation), a call has a
-token the grammar does not allow, or the median logprob error exceeds 1e-2: the server then reports raw logprobs, or decodes
-without the grammar, and the run's importance ratios would be wrong. Neither engine is installed on the
-machines Crucible's tests run on; this is the check for a GPU machine that has one.
+token the grammar does not allow, or the median logprob error exceeds 1e-2: the server then reports raw
+logprobs, or decodes without the grammar, and the run's importance ratios would be wrong. Neither engine
+is installed on the machines Crucible's tests run on; this is the check for a GPU machine that has one.
 """
 
 from __future__ import annotations
@@ -59,8 +60,19 @@ def launch(kind: str, model_dir: Path, port: int) -> subprocess.Popen:
                 "--structured-outputs-config", '{"backend": "guidance"}', "--enforce-eager"]  # fmt: skip
         env = {**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1"}
     else:
-        argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(model_dir), "--port", str(port),
-                "--host", "127.0.0.1", "--grammar-backend", "llguidance"]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            str(model_dir),
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+            "--grammar-backend",
+            "llguidance",
+        ]
         env = {**os.environ, "SGLANG_DISABLE_REQUEST_LOGGING": "1"}
     return subprocess.Popen(argv, env=env)
 
@@ -145,8 +157,11 @@ async def check(args, model_dir: Path, url: str) -> int:
             errors.append(abs(float(logp[state.tokens[t]]) - state.logprobs[t]))
     errors_t = torch.tensor(errors)
     p50, p99 = (float(errors_t.quantile(q)) for q in (0.5, 0.99))
-    print(f"{args.kind}: {parsed}/{args.calls} calls closed within the budget, {outside} left the grammar; |server - trainer| logprob p50 {p50:.2e} "
-          f"p99 {p99:.2e} max {float(errors_t.max()):.2e} over {len(errors)} tokens")  # fmt: skip
+    print(
+        f"{args.kind}: {parsed}/{args.calls} calls closed within the budget, {outside} left the grammar; "
+        f"|server - trainer| logprob p50 {p50:.2e} "
+        f"p99 {p99:.2e} max {float(errors_t.max()):.2e} over {len(errors)} tokens"
+    )
     print(f"{args.calls} calls: concurrent {tokens / batched_s:.1f} tokens/s, one at a time "
           f"{tokens / serial_s:.1f} tokens/s, ratio {serial_s / batched_s:.2f}")  # fmt: skip
     if outside:

@@ -273,24 +273,39 @@ def main() -> None:
             asyn = summary(
                 simulate(costs, replace(pipe, max_staleness=args.async_staleness, publish_every=1)), pipe
             )
-            predictions.append({"replicas": n, "trainers": m, "sync": sync, "async": asyn,
-                                "speedup": round(sync["seconds_per_step"] / asyn["seconds_per_step"], 2)})  # fmt: skip
+            predictions.append(
+                {
+                    "replicas": n,
+                    "trainers": m,
+                    "sync": sync,
+                    "async": asyn,
+                    "speedup": round(sync["seconds_per_step"] / asyn["seconds_per_step"], 2),
+                }
+            )
     report["predictions"] = predictions
     if args.json:
         print(json.dumps(report, indent=2))
         return
     print("costs (s):", ", ".join(f"{k}={v:.3f}" for k, v in asdict(costs).items()))
     for arm, c in report.get("check", {}).items():
-        print(f"check {arm:>5} (1 replica, 1 trainer): measured {c['measured_s']:.2f} s/step, "
-              f"predicted {c['predicted_s']:.2f} s/step (error {c['error_pct']:+.1f}%); "
-              f"from the arm's own costs {c['predicted_s_own_costs']:.2f} ({c['error_own_costs_pct']:+.1f}%)")  # fmt: skip
-    print(f"{'replicas':>8} {'trainers':>8} {'sync s/step':>11} {'async s/step':>12} {'sync step/h':>11} "
-          f"{'async step/h':>12} {'speedup':>7} {'rollout busy s/a':>16} {'trainer busy s/a':>16}")  # fmt: skip
+        print(
+            f"check {arm:>5} (1 replica, 1 trainer): measured {c['measured_s']:.2f} s/step, "
+            f"predicted {c['predicted_s']:.2f} s/step (error {c['error_pct']:+.1f}%); "
+            f"from the arm's own costs {c['predicted_s_own_costs']:.2f} ({c['error_own_costs_pct']:+.1f}%)"
+        )
+    print(
+        f"{'replicas':>8} {'trainers':>8} {'sync s/step':>11} {'async s/step':>12} {'sync step/h':>11} "
+        f"{'async step/h':>12} {'speedup':>7} {'rollout busy s/a':>16} {'trainer busy s/a':>16}"
+    )
     for p in predictions:
         s, a = p["sync"], p["async"]
-        print(f"{p['replicas']:>8} {p['trainers']:>8} {s['seconds_per_step']:>11.2f} {a['seconds_per_step']:>12.2f} "
-              f"{s['steps_per_hour']:>11.0f} {a['steps_per_hour']:>12.0f} {p['speedup']:>7.2f} "
-              f"{s['rollout_busy']:>7.2f}/{a['rollout_busy']:<8.2f} {s['trainer_busy']:>7.2f}/{a['trainer_busy']:<8.2f}")  # fmt: skip
+        print(
+            f"{p['replicas']:>8} {p['trainers']:>8} "
+            f"{s['seconds_per_step']:>11.2f} {a['seconds_per_step']:>12.2f} "
+            f"{s['steps_per_hour']:>11.0f} {a['steps_per_hour']:>12.0f} {p['speedup']:>7.2f} "
+            f"{s['rollout_busy']:>7.2f}/{a['rollout_busy']:<8.2f} "
+            f"{s['trainer_busy']:>7.2f}/{a['trainer_busy']:<8.2f}"
+        )
 
 
 if __name__ == "__main__":

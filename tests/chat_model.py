@@ -11,7 +11,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 CORPUS = [
     '<tool_call>\n{"name": "read_file", "arguments": {"path": "calc/ops.py"}}\n</tool_call>',
-    '<tool_call>\n{"name": "replace", "arguments": {"path": "a.py", "old": "a - b", "new": "a + b"}}\n</tool_call>',
+    '<tool_call>\n{"name": "replace", "arguments": {"path": "a.py", "old": "a - b", "new": "a + b"}}\n'
+    "</tool_call>",
     "Fix the bug in add() so that the tests pass. The user asks; the assistant answers.",
 ] * 20
 CHAT_TEMPLATE = (
@@ -36,10 +37,16 @@ def chat_tokenizer() -> transformers.PreTrainedTokenizerFast:
 def tiny_llama(tokenizer, *, seed: int = 0, max_positions: int = 2048) -> transformers.LlamaForCausalLM:
     torch.manual_seed(seed)
     config = transformers.LlamaConfig(
-        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-        num_key_value_heads=1, intermediate_size=64, max_position_embeddings=max_positions, initializer_range=0.5,
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        max_position_embeddings=max_positions,
+        initializer_range=0.5,
         eos_token_id=tokenizer.eos_token_id,
-    )  # fmt: skip
+    )
     return transformers.LlamaForCausalLM(config).eval()
 
 

@@ -64,5 +64,7 @@ class CommonSettings(BaseSettings):
             try:
                 data["s3_access_key"], data["s3_secret_key"] = read_s3_key(Path(data["s3_key_file"]))
             except OSError as exc:
-                raise ValueError(f"s3_key_file {data['s3_key_file']} cannot be read: {exc.strerror}") from None
+                raise ValueError(
+                    f"s3_key_file {data['s3_key_file']} cannot be read: {exc.strerror}"
+                ) from None
         return data

@@ -112,7 +112,8 @@ def run_tests(
 
 
 def apply_patch(*, repo: Path, patch: str, timeout: float = 30, what: str = "reference patch") -> None:
-    """`git apply` the patch in `repo`; the ceiling keeps git from treating a parent folder as the repository."""
+    """`git apply` the patch in `repo`; the ceiling keeps git from treating a parent folder as the
+    repository."""
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(repo.parent)}
     proc = subprocess.run(
         ["git", "apply", "--whitespace=nowarn", "-"],

@@ -71,7 +71,8 @@ class SessionManager:
         while (lock := ReplicaLock.try_acquire(self.workspace_root, self.settings.replica)) is None:
             if time.monotonic() > deadline:
                 raise RuntimeError(
-                    f"replica {self.settings.replica!r} is held by another live process under {self.workspace_root}"
+                    f"replica {self.settings.replica!r} is held by another live process under "
+                    f"{self.workspace_root}"
                     " (give each replica its own name)"
                 )
             await asyncio.sleep(0.1)

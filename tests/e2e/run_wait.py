@@ -11,7 +11,8 @@ from crucible.localstack import LocalStack
 
 
 def wait_until_ended(stack: LocalStack, client: httpx.Client, run_id: str, *, timeout: float) -> dict:
-    """The run once it has ended (finished, failed or cancelled); fails the test if a service exits or time runs out."""
+    """The run once it has ended (finished, failed or cancelled); fails the test if a service exits or
+    time runs out."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert not stack.poll(), f"services exited: {stack.poll()}"

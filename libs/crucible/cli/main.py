@@ -1,7 +1,7 @@
 """The `crucible` command. Each command (group) lives in a module of its own that exposes `register(app)`:
-under crucible.cli, or with its service (services.sandbox.cli, services.catalog.cli), named here by module path so that the
-library never imports a service. The modules import nothing heavy (torch, ray, the stack) until a
-command runs, so `crucible --help` answers fast."""
+under crucible.cli, or with its service (services.sandbox.cli, services.catalog.cli), named here by
+module path so that the library never imports a service. The modules import nothing heavy (torch, ray,
+the stack) until a command runs, so `crucible --help` answers fast."""
 
 from __future__ import annotations
 

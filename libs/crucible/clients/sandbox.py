@@ -77,10 +77,14 @@ class SandboxSession:
                     misses += 1
                     if misses < PROBE_MISSES:
                         continue
-                    raise SandboxLost(f"sandbox replica {self.replica} stopped answering (session {self.session_id})")
+                    raise SandboxLost(
+                        f"sandbox replica {self.replica} stopped answering (session {self.session_id})"
+                    ) from None
                 misses = 0
                 if not alive.alive:
-                    raise SandboxLost(f"sandbox replica {self.replica} no longer holds session {self.session_id}")
+                    raise SandboxLost(
+                        f"sandbox replica {self.replica} no longer holds session {self.session_id}"
+                    )
             return call.result()
         finally:
             call.cancel()
@@ -128,7 +132,9 @@ class SandboxSession:
         request = ForkRequest(session_id=self.session_id, count=count, ttl_s=ttl_s)
         reply = await self._ask(endpoints.SANDBOX_FORK, request)
         return [
-            SandboxSession(self.bus, session_id=sid, replica=reply.replica, call_timeout_s=self.call_timeout_s)
+            SandboxSession(
+                self.bus, session_id=sid, replica=reply.replica, call_timeout_s=self.call_timeout_s
+            )
             for sid in reply.session_ids
         ]
 

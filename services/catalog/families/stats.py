@@ -98,7 +98,9 @@ PERCENTILE = Unit(
     key="percentile",
     layer=0,
     names=("percentile", "nearest_rank", "quantile_pct"),
-    summary="nearest-rank percentile: the smallest value with at least pct percent of the data at or below it",
+    summary=(
+        "nearest-rank percentile: the smallest value with at least pct percent of the data at or below it"
+    ),
     imports=("math",),
     source='''
 def $percentile(values, pct):

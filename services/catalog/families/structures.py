@@ -115,7 +115,9 @@ class $lru_cache:
     mutations=(
         Mutation(
             kind="missing_edge_case",
-            find="        value = self._data.pop(key)\n        self._data[key] = value\n        return value\n",
+            find=(
+                "        value = self._data.pop(key)\n        self._data[key] = value\n        return value\n"
+            ),
             replace="        return self._data[key]\n",
         ),
         Mutation(kind="missing_edge_case", find="        self._data.pop(key, None)\n", replace=""),

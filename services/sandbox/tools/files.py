@@ -208,7 +208,9 @@ class CreateFileArgs(Args):
     args=CreateFileArgs,
     aliases=("create", "write_file"),
     arg_aliases={**PATH_ALIASES, "file_text": "content", "contents": "content"},
-    description="Create a file with the given content (its folders too); an existing file only with overwrite.",
+    description=(
+        "Create a file with the given content (its folders too); an existing file only with overwrite."
+    ),
 )
 def create_file(session: Session, args: CreateFileArgs) -> ToolResult:
     before = _previous(session, args.path)

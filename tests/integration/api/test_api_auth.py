@@ -26,8 +26,17 @@ async def anonymous(sessionmaker: async_sessionmaker[AsyncSession]) -> AsyncIter
 
 
 async def test_no_key_or_a_bad_one_is_401_and_health_stays_open(anonymous: AsyncClient) -> None:
-    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": f"Bearer crk_{'0' * 12}_{'a' * 43}"}):
-        for method, path in (("GET", "/v1/runs"), ("POST", "/v1/runs"), ("GET", "/v1/keys"), ("GET", "/v1/evals/e")):
+    for headers in (
+        {},
+        {"Authorization": "Bearer nope"},
+        {"Authorization": f"Bearer crk_{'0' * 12}_{'a' * 43}"},
+    ):
+        for method, path in (
+            ("GET", "/v1/runs"),
+            ("POST", "/v1/runs"),
+            ("GET", "/v1/keys"),
+            ("GET", "/v1/evals/e"),
+        ):
             response = await anonymous.request(method, path, headers=headers, json={"name": "x"})
             assert response.status_code == 401, (method, path, headers, response.text)
             assert response.headers["www-authenticate"] == "Bearer"
@@ -105,11 +114,18 @@ async def test_the_dashboard_logs_in_with_a_cookie_good_for_reads_only(
 ) -> None:
     token = key_headers(database_url, "admin")["Authorization"].removeprefix("Bearer ")
     away = await anonymous.get("/runs/run-1?tab=x")
-    assert away.status_code == 303 and away.headers["location"] == "http://api/login?next=%2Fruns%2Frun-1%3Ftab%3Dx"
+    assert (
+        away.status_code == 303
+        and away.headers["location"] == "http://api/login?next=%2Fruns%2Frun-1%3Ftab%3Dx"
+    )
     form = await anonymous.get("/login")
     assert form.status_code == 200 and 'name="key"' in form.text
     wrong = await anonymous.get("/login", params={"key": "crk_nope"})
-    assert wrong.status_code == 401 and "unknown or revoked" in wrong.text and "crucible_key" not in wrong.headers.get("set-cookie", "")
+    assert (
+        wrong.status_code == 401
+        and "unknown or revoked" in wrong.text
+        and "crucible_key" not in wrong.headers.get("set-cookie", "")
+    )
     elsewhere = await anonymous.get("/login", params={"key": token, "next": "//evil.example/x"})
     assert elsewhere.status_code == 303 and elsewhere.headers["location"] == "/"
     cookie = elsewhere.headers["set-cookie"]

@@ -27,7 +27,9 @@ pytestmark = pytest.mark.integration
 def big(graded: GradedTrajectory) -> GradedTrajectory:
     """Too big for a message: it travels by claim check."""
     padded = graded.trajectory.final_diff + "+" + "x" * 4096 + "\n"
-    return msgspec.structs.replace(graded, trajectory=msgspec.structs.replace(graded.trajectory, final_diff=padded))
+    return msgspec.structs.replace(
+        graded, trajectory=msgspec.structs.replace(graded.trajectory, final_diff=padded)
+    )
 
 
 @pytest.fixture(params=["sqlite"])
@@ -36,7 +38,10 @@ def migrated_template(request, sqlite_template):
 
 
 async def test_an_ended_settled_run_releases_its_trajectory_objects_and_a_busy_one_keeps_them(
-    common_settings, store, sessionmaker: async_sessionmaker[AsyncSession], client: AsyncClient,
+    common_settings,
+    store,
+    sessionmaker: async_sessionmaker[AsyncSession],
+    client: AsyncClient,
     make_graded: Callable[..., GradedTrajectory],
 ) -> None:
     bus = await Bus.connect(common_settings(claim_check_bytes=1024), store=store, name="api-cleanup-test")
@@ -62,15 +67,21 @@ async def test_an_ended_settled_run_releases_its_trajectory_objects_and_a_busy_o
                 claim_prefix=graded_claim_prefix(run_id, f"{run_id}-t"),
             )  # fmt: skip
         waiting = big(make_graded(busy, f"{busy}-w")).trajectory  # still waiting for a grader
-        await bus.publish(subjects.rollouts(busy), waiting, claim_prefix=trajectory_claim_prefix(busy, f"{busy}-w"))
+        await bus.publish(
+            subjects.rollouts(busy), waiting, claim_prefix=trajectory_claim_prefix(busy, f"{busy}-w")
+        )
 
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 30
         for run_id in runs:  # observed: the api ingested each
             while (await client.get(f"/v1/runs/{run_id}/trajectories")).json()["items"] == []:
-                assert loop.time() < deadline and not ingest.done(), "the api never ingested the graded trajectory"
+                assert loop.time() < deadline and not ingest.done(), (
+                    "the api never ingested the graded trajectory"
+                )
                 await asyncio.sleep(0.05)
-        while (info := await bus.js.consumer_info(subjects.GRADED, durable)).num_ack_pending or info.num_pending:
+        while (
+            info := await bus.js.consumer_info(subjects.GRADED, durable)
+        ).num_ack_pending or info.num_pending:
             assert loop.time() < deadline, "the api never acknowledged what it ingested"
             await asyncio.sleep(0.05)
         async with sessionmaker() as session:
@@ -89,7 +100,9 @@ async def test_an_ended_settled_run_releases_its_trajectory_objects_and_a_busy_o
         assert await release(after_s=3 * 3600) == []  # ended two hours ago: not yet
         assert await release(after_s=3600) == [done]
         assert await store.list(run_trajectories_prefix(done)) == []
-        assert len(await store.list(run_trajectories_prefix(busy))) == 2  # a trajectory still waits on ROLLOUTS
+        assert (
+            len(await store.list(run_trajectories_prefix(busy))) == 2
+        )  # a trajectory still waits on ROLLOUTS
         detail = await client.get(f"/v1/trajectories/{done}-t")
         assert detail.status_code == 200, detail.text  # the database holds what was ingested
         async with sessionmaker() as session:

@@ -27,7 +27,11 @@ async def test_pages_render_and_static_files_are_served(
     assert 'id="chart-reward"' in page.text and 'href="/trajectories/t-1"' in page.text
     assert "/static/vendor/uPlot.iife.min.js" in page.text
     transcript = await client.get("/trajectories/t-1")
-    assert transcript.status_code == 200 and 'class="segment agent"' in transcript.text and "def add" in transcript.text
+    assert (
+        transcript.status_code == 200
+        and 'class="segment agent"' in transcript.text
+        and "def add" in transcript.text
+    )
     assert (await client.get("/static/vendor/uPlot.iife.min.js")).status_code == 200
     assert (await client.get("/static/dashboard.js")).status_code == 200
     assert (await client.get("/runs/run-nope")).status_code == 404

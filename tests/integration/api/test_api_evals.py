@@ -37,14 +37,23 @@ async def test_an_evaluation_is_scored_from_its_episodes(
     assert seen["pass_at_1"] == {"value": None, "ci_low": None, "ci_high": None, "n": 0}
 
     # task A: greedy resolved, samples [yes, no]; task B: nothing resolved.
-    outcomes = {("A", 0): True, ("A", 1): True, ("A", 2): False, ("B", 0): False, ("B", 1): False, ("B", 2): False}
+    outcomes = {
+        ("A", 0): True,
+        ("A", 1): True,
+        ("A", 2): False,
+        ("B", 0): False,
+        ("B", 1): False,
+        ("B", 2): False,
+    }
     for (task, sample), resolved in outcomes.items():
         graded = make_graded(run_id, f"e-1-{task}-{sample}", task_id=task, reward=float(resolved))
         trajectory = msgspec.structs.replace(graded.trajectory, eval_id="e-1", eval_sample=sample)
         quality = {"diff_size_ratio": 1.0 + sample, "lint_introduced": 0.0} if resolved else {}
         reward = msgspec.structs.replace(graded.reward, resolved=resolved, quality=quality)
         async with sessionmaker() as session:
-            await record_graded(session=session, graded=msgspec.structs.replace(graded, trajectory=trajectory, reward=reward))
+            await record_graded(
+                session=session, graded=msgspec.structs.replace(graded, trajectory=trajectory, reward=reward)
+            )
     await report(sessionmaker, request, "done", tasks=2, expected=6, failed_episodes=0)
 
     e = (await client.get("/v1/evals/e-1")).json()
@@ -62,7 +71,9 @@ async def test_an_evaluation_is_scored_from_its_episodes(
     assert [x["eval_id"] for x in listed] == ["e-1"]
     # The run's trajectories are its training episodes; an evaluation's are asked for by id.
     assert (await client.get(f"/v1/runs/{run_id}/trajectories")).json()["items"] == []
-    episodes = (await client.get(f"/v1/runs/{run_id}/trajectories", params={"eval_id": "e-1", "resolved": True})).json()
+    episodes = (
+        await client.get(f"/v1/runs/{run_id}/trajectories", params={"eval_id": "e-1", "resolved": True})
+    ).json()
     assert {t["trajectory_id"] for t in episodes["items"]} == {"e-1-A-0", "e-1-A-1"}
 
 

@@ -215,11 +215,21 @@ async def test_checkpoints_say_which_versions_are_full_and_which_deltas(
                 size_bytes=269_060_000, weights="full", **common)  # fmt: skip
     await event(sessionmaker, run_id, "checkpoint", version=1, step=1, manifest_uri="s3://c/1",
                 size_bytes=1_790_000, weights="delta", base_version=0, **common)  # fmt: skip
-    await event(sessionmaker, run_id, "checkpoint", version=2, step=2, manifest_uri="s3://c/2",
-                num_tensors=3, size_bytes=9)  # fmt: skip  (from a checkpoints service before deltas)
+    await event(
+        sessionmaker,
+        run_id,
+        "checkpoint",
+        version=2,
+        step=2,
+        manifest_uri="s3://c/2",
+        num_tensors=3,
+        size_bytes=9,
+    )  # fmt: skip  (from a checkpoints service before deltas)
 
     checkpoints = (await client.get(f"/v1/runs/{run_id}/checkpoints")).json()["items"]
-    assert [(c["version"], c["kind"], c["base_version"], c["size_bytes"], c["raw_bytes"]) for c in checkpoints] == [
+    assert [
+        (c["version"], c["kind"], c["base_version"], c["size_bytes"], c["raw_bytes"]) for c in checkpoints
+    ] == [
         (0, "full", None, 269_060_000, 269_030_016),
         (1, "delta", 0, 1_790_000, 269_030_016),
         (2, "full", None, 9, 0),

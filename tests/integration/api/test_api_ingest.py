@@ -110,7 +110,9 @@ async def test_history_arrives_over_the_bus_and_bad_messages_are_dead_lettered(
                       metric("crucible_api_http_requests_total", **created_count))  # fmt: skip
     app = create_app(settings=Settings(), sessionmaker=sessionmaker, bus=bus)
     headers = key_headers(database_url, "write")
-    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api", headers=headers) as client:
+    async with AsyncClient(
+        transport=ASGITransport(app=app), base_url="http://api", headers=headers
+    ) as client:
         created = await client.post("/v1/runs", json={"name": "bus", "config": {"seed": 5}})
         assert created.status_code == 201, created.text
         run_id = created.json()["run_id"]
@@ -155,7 +157,11 @@ async def test_history_arrives_over_the_bus_and_bad_messages_are_dead_lettered(
         def ours() -> list[str] | None:  # a letter may arrive twice: the bus delivers at least once
             reasons = [d.reason for d in dead if d.payload == garbage or run_id.encode() in d.payload]
             malformed = any("not a valid Event: MessagePack data is malformed" in r for r in reasons)
-            return reasons if malformed and any("missing required field `step` - at `$.data`" in r for r in reasons) else None
+            return (
+                reasons
+                if malformed and any("missing required field `step` - at `$.data`" in r for r in reasons)
+                else None
+            )
 
         await eventually(ours)
         finished = await eventually(lambda: _finished(client, run_id))
@@ -172,9 +178,15 @@ async def test_history_arrives_over_the_bus_and_bad_messages_are_dead_lettered(
         await bus.publish(subjects.graded(run_id), forged)
 
         def refused() -> list[str] | None:
-            reasons = [d.reason for d in dead_graded if short.encode() in d.payload or nan.encode() in d.payload]
+            reasons = [
+                d.reason for d in dead_graded if short.encode() in d.payload or nan.encode() in d.payload
+            ]
             lengths = any(f"{short}: per-token arrays differ in length" in r for r in reasons)
-            return reasons if lengths and any(f"{nan}: a reward or timing that is not finite" in r for r in reasons) else None
+            return (
+                reasons
+                if lengths and any(f"{nan}: a reward or timing that is not finite" in r for r in reasons)
+                else None
+            )
 
         await eventually(refused)
         for trajectory_id in (short, nan):
@@ -205,7 +217,9 @@ async def test_create_run_is_503_when_the_bus_is_down(
     await bus.close()
     app = create_app(settings=Settings(), sessionmaker=sessionmaker, bus=bus)
     headers = key_headers(database_url, "write")
-    async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api", headers=headers) as client:
+    async with AsyncClient(
+        transport=ASGITransport(app=app), base_url="http://api", headers=headers
+    ) as client:
         response = await client.post("/v1/runs", json={"name": "offline"})
         assert response.status_code == 503
         assert "recorded but not announced, the bus is unavailable" in response.json()["detail"]
@@ -226,7 +240,10 @@ async def test_an_event_is_held_through_a_database_outage_and_stored_once(bus: B
     (tmp_path / "later").write_text("not a folder")  # ...which an outage takes away
     stop = asyncio.Event()
     suffix = uuid.uuid4().hex[:8]
-    durables = {"graded_durable": f"api-graded-outage-{suffix}", "events_durable": f"api-events-outage-{suffix}"}
+    durables = {
+        "graded_durable": f"api-graded-outage-{suffix}",
+        "events_durable": f"api-events-outage-{suffix}",
+    }
     task = asyncio.create_task(
         run_ingest(bus=bus, sessionmaker=make_sessionmaker(engine), stop=stop, deliver_new=True, **durables)
     )
@@ -266,4 +283,3 @@ async def test_an_event_is_held_through_a_database_outage_and_stored_once(bus: B
         for stream, name in ((subjects.GRADED, durables["graded_durable"]), (subjects.EVENTS, durable)):
             await bus.js.delete_consumer(stream, name)
         await engine.dispose()
-

@@ -45,7 +45,8 @@ async def sessionmaker(database_url):
 
 @pytest.fixture
 def catalog_settings(common_settings, request):
-    """Service settings: one task per level, levels 1 and 2; a test overrides with indirect parametrization."""
+    """Service settings: one task per level, levels 1 and 2; a test overrides with indirect
+    parametrization."""
     overrides = {"tasks_per_difficulty": 1, "difficulties": [1, 2], "taskset_seed": 4}
     return common_settings(Settings, **{**overrides, **getattr(request, "param", {})})
 

@@ -88,19 +88,31 @@ async def test_the_api_refuses_a_run_the_catalog_cannot_serve(bus, catalog_setti
     app = create_app(settings=ApiSettings(), sessionmaker=make_sessionmaker(engine), bus=bus)
     try:
         headers = key_headers(catalog_settings.database_url, scope="write")
-        async with AsyncClient(transport=ASGITransport(app=app), base_url="http://api", headers=headers) as client:
+        async with AsyncClient(
+            transport=ASGITransport(app=app), base_url="http://api", headers=headers
+        ) as client:
             cases = [
-                ({"tasks": {"difficulties": [4, 3]}}, ["tasks", "difficulties"], "no train tasks of difficulty 3, 4; it has 1, 2"),
+                (
+                    {"tasks": {"difficulties": [4, 3]}},
+                    ["tasks", "difficulties"],
+                    "no train tasks of difficulty 3, 4; it has 1, 2",
+                ),
                 ({"tasks": {"taskset": "nope"}}, ["tasks", "taskset"], "the catalog has no task set 'nope'"),
-                ({"eval": {"at_end": True}}, ["eval", "split"], "task set 'pybugs' has no test tasks (it has train)"),
-            ]  # fmt: skip
+                (
+                    {"eval": {"at_end": True}},
+                    ["eval", "split"],
+                    "task set 'pybugs' has no test tasks (it has train)",
+                ),
+            ]
             for config, field, message in cases:
                 response = await client.post("/v1/runs", json={"name": "unservable", "config": config})
                 assert response.status_code == 422, response.text
                 (error,) = response.json()["detail"]
                 assert error["loc"] == ["body", "config", *field] and message in error["msg"], error
             assert (await client.get("/v1/runs")).json()["items"] == []  # nothing recorded, nothing announced
-            served = await client.post("/v1/runs", json={"name": "servable", "config": {"tasks": {"difficulties": [2, 3]}}})
+            served = await client.post(
+                "/v1/runs", json={"name": "servable", "config": {"tasks": {"difficulties": [2, 3]}}}
+            )
             assert served.status_code == 201, served.text
     finally:
         await engine.dispose()

@@ -138,7 +138,7 @@ async def test_the_service_refuses_deltas_without_a_full_base(bus, store):
                 version=2,
                 shards=[ref],
                 tensors=[msgspec.structs.replace(e, sha256="") for e in delta.tensors],
-            ),  # fmt: skip
+            ),
         ],
     }
     for code, manifests in cases.items():

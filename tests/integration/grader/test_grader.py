@@ -60,12 +60,6 @@ def with_wrong_context(patch: str) -> str:
     return "".join(lines)
 
 
-
-
-
-
-
-
 async def count_on(bus: Bus, stream: str, subject: str) -> int:
     info = await bus.js.stream_info(stream, subjects_filter=subject)
     return (info.state.subjects or {}).get(subject, 0)
@@ -113,7 +107,9 @@ async def test_rewards_for_right_wrong_cheating_and_broken_diffs_each_graded_onc
     broken = trajectory(run_id=run_id, task=task, diff=with_wrong_context(secret.reference_patch))
     idle = trajectory(run_id=run_id, task=task, diff="", tool_calls=[tool_call(0, ok=True)])
     tested = trajectory(run_id=run_id, task=task, diff=secret.reference_patch + NEW_TEST_MODULE)
-    evaluated = msgspec.structs.replace(trajectory(run_id=run_id, task=task, diff=secret.reference_patch), eval_id="e1")
+    evaluated = msgspec.structs.replace(
+        trajectory(run_id=run_id, task=task, diff=secret.reference_patch), eval_id="e1"
+    )
     for message in (
         right,
         wrong,
@@ -136,7 +132,10 @@ async def test_rewards_for_right_wrong_cheating_and_broken_diffs_each_graded_onc
     good = graded[right.trajectory_id].reward
     assert good.tests_total > 0 and good.tests_passed == good.tests_total, good
     assert good.resolved and good.total == 1.0 and good.components["base"] == 1.0
-    assert good.fail_to_pass == [len(secret.fail_to_pass)] * 2 and good.pass_to_pass == [len(secret.pass_to_pass)] * 2
+    assert (
+        good.fail_to_pass == [len(secret.fail_to_pass)] * 2
+        and good.pass_to_pass == [len(secret.pass_to_pass)] * 2
+    )
     assert all(t.outcome == "passed" for t in good.tests)
     assert good.quality == {}  # measured for evaluations only
 
@@ -251,7 +250,9 @@ async def test_a_trajectory_waits_out_a_catalog_outage_and_is_graded_once_it_is_
     """The catalog away is an outage, not the trajectory's fault: the grader holds it (even with
     max_deliver=1) and grades it when the catalog answers again, once, with no dead letter."""
     await upgrade_async(sqlite_url)
-    catalog_settings = common_settings(CatalogSettings, tasks_per_difficulty=1, difficulties=[1], verify_workers=1)
+    catalog_settings = common_settings(
+        CatalogSettings, tasks_per_difficulty=1, difficulties=[1], verify_workers=1
+    )
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     async with start_service("catalog", catalog_settings, catalog_setup):
         task = await a_task(bus, run_id)

@@ -23,7 +23,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 async def test_import_verifies_reports_and_serves(imported, bus):
-    report, good, _ = imported
+    report, _good, _ = imported
     assert report.verified == 5, report.rejected
     reasons = report.rejected
     assert set(reasons) == {"line 2", "missing-mirror", "no-such-commit", "no-such-test", "hangs"}
@@ -67,7 +67,7 @@ async def unchanged_repository_scores_zero_on_every_task_under_every_option(bus)
         for split in ("train", "test"):
             try:
                 listed = await bus.request(endpoints.CATALOG_LIST, ListRequest(taskset=taskset, split=split))
-            except Exception:  # noqa: BLE001 - the small generated set has no test split
+            except Exception:  # the small generated set has no test split
                 continue
             tasks += listed.tasks
     assert len(tasks) == 6
@@ -83,7 +83,11 @@ async def unchanged_repository_scores_zero_on_every_task_under_every_option(bus)
             )
         tests = [messages.TestResult(nodeid=k, outcome=v) for k, v in outcomes.items()]
         for options in OPTIONS:
-            lists = {"fail_to_pass": secret.fail_to_pass, "pass_to_pass": secret.pass_to_pass, "options": options}
+            lists = {
+                "fail_to_pass": secret.fail_to_pass,
+                "pass_to_pass": secret.pass_to_pass,
+                "options": options,
+            }
             assert compute_reward(tests=tests, changed=False, **lists).total == 0.0
             # Even counted as a change, the snapshot's own outcomes earn nothing but shaping.
             assert compute_reward(tests=tests, changed=True, **lists).components["base"] == 0.0, spec.task_id
@@ -92,7 +96,9 @@ async def unchanged_repository_scores_zero_on_every_task_under_every_option(bus)
 async def test_the_import_command_prints_one_json_object(tmp_path, catalog, sandbox):
     mirrors, good = swebench_repos.build(tmp_path)
     path = tmp_path / "instances.jsonl"
-    path.write_text(swebench_repos.jsonl(good[:2] + [{**good[0], "instance_id": "x", "repo": "acme/nothere"}]))
+    path.write_text(
+        swebench_repos.jsonl([*good[:2], {**good[0], "instance_id": "x", "repo": "acme/nothere"}])
+    )
     code, out, err = await crucible_async(
         "tasks", "import", str(path), "--repos", str(mirrors), "--taskset", "cli-set", "--json",
         env=settings_env(catalog.settings),

@@ -31,7 +31,10 @@ def _engine(checkpoint, tokenizer) -> PolicyEngine:
     """The replica's engine on the checkpoint's weights, its logits pushed towards tokens with a quote so
     that the random model's string arguments close (and its calls are real calls)."""
     config = RunConfig.model_validate(
-        {"model": {"source": str(checkpoint)}, "agent": {"driver": "harness", "max_turns": 2, "max_action_tokens": 64}}
+        {
+            "model": {"source": str(checkpoint)},
+            "agent": {"driver": "harness", "max_turns": 2, "max_action_tokens": 64},
+        }
     )
     engine = PolicyEngine(config=config, max_context=2048)
     engine.swap(load_pretrained(checkpoint).state_dict(), 0)
@@ -39,28 +42,46 @@ def _engine(checkpoint, tokenizer) -> PolicyEngine:
     for token in range(len(tokenizer)):
         if '"' in tokenizer.decode([token]):
             shift[token] = 12.0
-    engine.batcher.model.register_forward_hook(lambda m, a, out: ModelOutput(logits=out.logits + shift, routes=out.routes))
+    engine.batcher.model.register_forward_hook(
+        lambda m, a, out: ModelOutput(logits=out.logits + shift, routes=out.routes)
+    )
     return engine
 
 
-async def test_a_harness_turn_is_recorded_token_for_token_and_bad_requests_are_refused(tmp_path, bus, store, sandbox):
+async def test_a_harness_turn_is_recorded_token_for_token_and_bad_requests_are_refused(
+    tmp_path, bus, store, sandbox
+):
     checkpoint = save_chat_model(tmp_path / "hf")
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(checkpoint)
     engine = _engine(checkpoint, tokenizer)
     task = await calc_task(store)
-    session = await SandboxClient(bus).create(run_id="harness-test", task_id=task.task_id, snapshot=task.snapshot)
+    session = await SandboxClient(bus).create(
+        run_id="harness-test", task_id=task.task_id, snapshot=task.snapshot
+    )
     episodes = Episodes()
-    episode = HarnessEpisode(engine=engine, config=engine.config, task=task, session=session, seed=3, tool_timeout_s=10)
+    episode = HarnessEpisode(
+        engine=engine, config=engine.config, task=task, session=session, seed=3, tool_timeout_s=10
+    )
     episodes.live[episode.id] = episode
-    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=episodes_app(episodes)), base_url="http://rollout")
-    client = openai.AsyncOpenAI(base_url=f"http://rollout/episodes/{episode.id}/v1", api_key=episode.id, http_client=http, max_retries=0)
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=episodes_app(episodes)), base_url="http://rollout"
+    )
+    client = openai.AsyncOpenAI(
+        base_url=f"http://rollout/episodes/{episode.id}/v1",
+        api_key=episode.id,
+        http_client=http,
+        max_retries=0,
+    )
     try:
         assert (await http.get("/episodes/not-an-episode/task")).status_code == 404
         described = (await http.get(f"/episodes/{episode.id}/task")).json()
         assert described["statement"] == "Fix add()." and described["tools"] == TOOLS
-        messages = [{"role": "system", "content": described["system_prompt"]}, {"role": "user", "content": "Fix add()."}]
+        messages = [
+            {"role": "system", "content": described["system_prompt"]},
+            {"role": "user", "content": "Fix add()."},
+        ]
         with pytest.raises(openai.BadRequestError, match="the run's"):
             await client.chat.completions.create(model="m", messages=messages, tools=TOOLS[:2])
         first = await client.chat.completions.create(
@@ -78,7 +99,9 @@ async def test_a_harness_turn_is_recorded_token_for_token_and_bad_requests_are_r
             await client.chat.completions.create(model="m", messages=messages, tools=TOOLS)
         forged = await http.post(f"/episodes/{episode.id}/tools/run", json={"command": "rm -rf /workspace"})
         assert forged.status_code == 400
-        ran = await http.post(f"/episodes/{episode.id}/tools/{call.function.name}", json=json.loads(call.function.arguments))
+        ran = await http.post(
+            f"/episodes/{episode.id}/tools/{call.function.name}", json=json.loads(call.function.arguments)
+        )
         assert ran.status_code == 200 and set(ran.json()) == {"ok", "output", "error"}
         assert call.function.name != "submit"  # (seeded) so that the conversation goes on
         history = [*messages, choice.message.model_dump(exclude_none=True)]
@@ -90,11 +113,19 @@ async def test_a_harness_turn_is_recorded_token_for_token_and_bad_requests_are_r
         context = second.choices[0].model_extra["prompt_token_ids"]
         assert context[: len(prompt) + len(action)] == prompt + action  # the context only grows
         tail = context[len(prompt) + len(action) :]
-        assert tokenizer.decode(tail).startswith("<tool>") and episode.state.loss_mask[len(prompt) + len(action) : len(context)] == [0] * len(tail)
+        assert tokenizer.decode(tail).startswith("<tool>") and episode.state.loss_mask[
+            len(prompt) + len(action) : len(context)
+        ] == [0] * len(tail)
         (record,) = episode.calls
-        assert (record.name, record.token_start, record.token_end) == (call.function.name, len(prompt), len(prompt) + len(action))
+        assert (record.name, record.token_start, record.token_end) == (
+            call.function.name,
+            len(prompt),
+            len(prompt) + len(action),
+        )
         for c in second.choices[0].message.tool_calls or []:
-            await http.post(f"/episodes/{episode.id}/tools/{c.function.name}", json=json.loads(c.function.arguments))
+            await http.post(
+                f"/episodes/{episode.id}/tools/{c.function.name}", json=json.loads(c.function.arguments)
+            )
         with pytest.raises(openai.BadRequestError, match="turns"):  # max_turns = 2
             await client.chat.completions.create(model="m", messages=[*history, result], tools=TOOLS)
     finally:
@@ -109,6 +140,8 @@ def assert_sampled(episode: HarnessEpisode, start: int, action: list[int]) -> bo
     state = episode.state
     span = slice(start, start + len(action))
     assert state.tokens[span] == action and state.loss_mask[span] == [1] * len(action)
-    assert state.constraints[span] == [grammar.TOOL_CALL] * len(action) and state.versions[span] == [0] * len(action)
+    assert state.constraints[span] == [grammar.TOOL_CALL] * len(action) and state.versions[span] == [0] * len(
+        action
+    )
     assert all(lp <= 0 for lp in state.logprobs[span]) and not any(state.loss_mask[:start])
     return True

@@ -36,7 +36,9 @@ def _byte_engine() -> tuple[PolicyEngine, torch.nn.Module]:
     model = build_model(PRESETS[config.model.source], precision=config.model.precision, seed=config.seed)
     engine.swap({k: v.clone() for k, v in model.state_dict().items()}, 0)
     shift = torch.zeros(engine.model_config.vocab_size)
-    shift[bytes_format.tool_token("submit")] = -30.0  # so that the random policy works until its context is spent
+    shift[
+        bytes_format.tool_token("submit")
+    ] = -30.0  # so that the random policy works until its context is spent
     _shifted(engine.batcher.model, shift)
     return engine, _shifted(model, shift)
 
@@ -44,7 +46,10 @@ def _byte_engine() -> tuple[PolicyEngine, torch.nn.Module]:
 def _chat_engine(tmp_path) -> tuple[PolicyEngine, torch.nn.Module]:
     checkpoint = save_chat_model(tmp_path / "hf")
     config = RunConfig.model_validate(
-        {"model": {"source": str(checkpoint)}, "agent": {**AGENT, "max_action_tokens": 48, "context_policy": "summarize"}}
+        {
+            "model": {"source": str(checkpoint)},
+            "agent": {**AGENT, "max_action_tokens": 48, "context_policy": "summarize"},
+        }
     )
     engine = PolicyEngine(config=config, max_context=1800)  # its prompt, with the tools, is ~1.1k tokens
     engine.swap(load_pretrained(checkpoint).state_dict(), 0)
@@ -59,10 +64,14 @@ def _chat_engine(tmp_path) -> tuple[PolicyEngine, torch.nn.Module]:
 
 
 @pytest.mark.parametrize("agent_format", ["bytes", "chat"])
-async def test_an_episode_summarises_and_goes_on_in_a_new_context(tmp_path, bus, store, sandbox, agent_format):
+async def test_an_episode_summarises_and_goes_on_in_a_new_context(
+    tmp_path, bus, store, sandbox, agent_format
+):
     engine, model = _byte_engine() if agent_format == "bytes" else _chat_engine(tmp_path)
     task = await calc_task(store)
-    session = await SandboxClient(bus).create(run_id="long-horizon-test", task_id=task.task_id, snapshot=task.snapshot)
+    session = await SandboxClient(bus).create(
+        run_id="long-horizon-test", task_id=task.task_id, snapshot=task.snapshot
+    )
     try:
         async with session:
             trajectory = await run_episode(
@@ -88,10 +97,16 @@ async def test_an_episode_summarises_and_goes_on_in_a_new_context(tmp_path, bus,
         assert (last - first >= 1 and tokens[last - 1] == end_token) or last < start
         assert SUMMARY_REQUEST[-30:] in decode(tokens[first - 60 : first])
         summary = decode([t for t in tokens[first:last] if t != end_token])
-        assert SUMMARY_INTRO.strip() in decode(tokens[start:end]) and summary.strip()[:8] in decode(tokens[start:end])
+        assert SUMMARY_INTRO.strip() in decode(tokens[start:end]) and summary.strip()[:8] in decode(
+            tokens[start:end]
+        )
     for call in trajectory.tool_calls:  # spans are the episode's, each within one context
-        assert any(start <= call.token_start < call.token_end <= end for start, end in itertools.pairwise(bounds))
-        assert all(mask[call.token_start : call.token_end - 1])  # (an action cut at its budget ends with an environment token)
+        assert any(
+            start <= call.token_start < call.token_end <= end for start, end in itertools.pairwise(bounds)
+        )
+        assert all(
+            mask[call.token_start : call.token_end - 1]
+        )  # (an action cut at its budget ends with an environment token)
 
     batch = collate([trajectory], [1.0])
     assert batch.rows == len(starts)

@@ -49,12 +49,16 @@ async def test_a_trajectory_finished_while_nats_restarts_is_published_once_it_is
         while retries() == before:  # the first try failed against the stopped server
             assert loop.time() < deadline and not publishing.done(), "the publish was never retried"
             await asyncio.sleep(0.05)
-        restarted = start_nats(state_dir=tmp_path, port=server.port)  # the same streams, where clients reconnect
+        restarted = start_nats(
+            state_dir=tmp_path, port=server.port
+        )  # the same streams, where clients reconnect
         assert await asyncio.wait_for(publishing, timeout=60) is True
         stored = await bus.js.get_last_msg(subjects.ROLLOUTS, subjects.rollouts(run_id))
         assert decode(stored.data, Trajectory) == trajectory
         info = await bus.js.stream_info(subjects.ROLLOUTS, subjects_filter=subjects.rollouts(run_id))
-        assert info.state.subjects == {subjects.rollouts(run_id): 1}  # a retry the server had taken is dropped
+        assert info.state.subjects == {
+            subjects.rollouts(run_id): 1
+        }  # a retry the server had taken is dropped
     finally:
         await bus.close()
         (restarted or server).stop()

@@ -65,7 +65,9 @@ async def _start(bus: Bus, parallel: dict) -> tuple[str, list[str]]:
     ids = []
     for i in range(2 * STEPS):
         for index, reward in enumerate((float(i % 3), 1.0 - i % 2)):
-            message = graded(run_id, f"g{i}", index, reward, ("grep", "read_file", "list_dir")[(i + index) % 3])
+            message = graded(
+                run_id, f"g{i}", index, reward, ("grep", "read_file", "list_dir")[(i + index) % 3]
+            )
             ids.append(message.trajectory.trajectory_id)
             await bus.publish(subjects.graded(run_id), message, msg_id=f"{run_id}/{ids[-1]}")
     created = RunCreated(run_id=run_id, name="parallel", config=_config(parallel), created_at=time.time())
@@ -99,6 +101,7 @@ async def _train(rt, parallel: dict) -> tuple[list[tuple[float, float]], RunFini
 
 def _rank_processes() -> list[int]:
     """This process's worker-group ranks: the children of its multiprocessing fork server."""
+
     def children(pid: int) -> list[int]:
         found = []
         for entry in Path("/proc").iterdir():

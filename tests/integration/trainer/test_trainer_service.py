@@ -38,7 +38,13 @@ def nats_url(tmp_path_factory):
 
 def graded(run_id: str, group: str, index: int, reward: float, tool: str) -> GradedTrajectory:
     """One action `<act><tool:NAME><end>` after a short prompt; only the tool token was sampled."""
-    tokens = [tokenizer.BOS, *tokenizer.encode("use it"), tokenizer.ACT, tokenizer.tool_token(tool), tokenizer.END]
+    tokens = [
+        tokenizer.BOS,
+        *tokenizer.encode("use it"),
+        tokenizer.ACT,
+        tokenizer.tool_token(tool),
+        tokenizer.END,
+    ]
     n = len(tokens)
     trajectory = Trajectory(
         run_id=run_id, trajectory_id=f"{group}-{index}", group_id=group, task_id="t", taskset="s",
@@ -47,7 +53,9 @@ def graded(run_id: str, group: str, index: int, reward: float, tool: str) -> Gra
         constraints=pack("u8", [grammar.FREE] * (n - 2) + [grammar.TOOL, grammar.FREE]),
     )  # fmt: skip
     return GradedTrajectory(
-        trajectory=trajectory, reward=Reward(total=reward, tests_passed=0, tests_total=1), graded_at=time.time()
+        trajectory=trajectory,
+        reward=Reward(total=reward, tests_passed=0, tests_total=1),
+        graded_at=time.time(),
     )
 
 
@@ -93,7 +101,9 @@ async def test_dynamic_sampling_drops_uniform_groups_asks_for_refills_and_report
         await redis.aclose()
 
 
-async def test_a_published_version_exports_to_a_directory_transformers_loads(common_settings, tmp_path) -> None:
+async def test_a_published_version_exports_to_a_directory_transformers_loads(
+    common_settings, tmp_path
+) -> None:
     """`crucible model export --run RUN --version N` reads the version through the checkpoints service and
     the object store, and writes a checkpoint that transformers loads with the trainer's logits."""
     import torch
@@ -106,8 +116,11 @@ async def test_a_published_version_exports_to_a_directory_transformers_loads(com
     run_id = f"run-{uuid.uuid4().hex[:12]}"
     config = RunConfig.model_validate(
         # with a KL term: the trainer loads its reference from the published version 0 before training
-        {"model": {"source": "tiny-dense"}, "optim": {"kl_coef": 0.1},
-         "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1}}  # fmt: skip
+        {
+            "model": {"source": "tiny-dense"},
+            "optim": {"kl_coef": 0.1},
+            "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1},
+        }
     )
     settings = common_settings(TrainerSettings, ack_wait_s=30, heartbeat_s=5)
     async with (
@@ -116,7 +129,8 @@ async def test_a_published_version_exports_to_a_directory_transformers_loads(com
     ):
         bus: Bus = rt.bus
         await bus.publish(
-            subjects.run_created(run_id), RunCreated(run_id=run_id, name="x", config=config, created_at=time.time())
+            subjects.run_created(run_id),
+            RunCreated(run_id=run_id, name="x", config=config, created_at=time.time()),
         )
         for message in (graded(run_id, "g", 0, 0.0, "grep"), graded(run_id, "g", 1, 1.0, "run")):
             await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
@@ -168,13 +182,18 @@ async def test_a_step_with_a_non_finite_reward_is_skipped_and_too_many_fail_the_
         running("trainer", trainer, trainer_setup) as rt,
     ):
         bus: Bus = rt.bus
-        for run_id, groups in ((recovers, [("bad", nan), ("good", 1.0)]), (fails, [("also-bad", nan), ("worse", nan)])):
+        for run_id, groups in (
+            (recovers, [("bad", nan), ("good", 1.0)]),
+            (fails, [("also-bad", nan), ("worse", nan)]),
+        ):
             created = RunCreated(run_id=run_id, name="nan", config=config, created_at=time.time())
             await bus.publish(subjects.run_created(run_id), created, msg_id=run_id)
             for group, reward in groups:
                 for index, member_reward in enumerate((reward, 0.0)):  # (message ids are the stream's)
                     message = graded(run_id, group, index, member_reward, "grep")
-                    await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
+                    await bus.publish(
+                        subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id
+                    )
         recovered, failed = await _finished(bus, recovers), await _finished(bus, fails)
         step = (await bus.latest(subjects.EVENTS, subjects.events(recovers, "step"), Event)).data
         # the trainer's state: the newest of two slots that reads whole
@@ -187,16 +206,22 @@ async def test_a_step_with_a_non_finite_reward_is_skipped_and_too_many_fail_the_
         finally:
             policy.close()
         assert books is not None and (books.step, books.version) == (0, 0)
-        kept = rt.store  # an S3 outage is not a torn state: never the older slot, since the newest may be there
+        kept = (
+            rt.store
+        )  # an S3 outage is not a torn state: never the older slot, since the newest may be there
         rt.store = ObjectStore.from_settings(rt.settings.model_copy(update={"s3_endpoint": "127.0.0.1:9"}))
         try:
             with pytest.raises(Unavailable):
-                await RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0)).resume()
+                await RunJob(
+                    rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0)
+                ).resume()
         finally:
             rt.store = kept
         await store.put_bytes(trainer_state_key(recovers, 0), b"torn too")
         with pytest.raises(RunFailed, match="reads whole"):
-            await RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0)).resume()
+            await RunJob(
+                rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0)
+            ).resume()
     assert recovered.status == "finished" and recovered.step == 1
     assert isinstance(step, StepReport) and sorted(step.trajectory_ids) == ["good-0", "good-1"]
     assert step.metrics["skipped_steps"] == 1.0

@@ -14,7 +14,7 @@ from crucible.probes import judge
 from services.catalog.generator import HIDDEN_TESTS, generate_task
 from services.catalog.verify import run_tests, write_files
 
-PROBES = '''
+PROBES = """
 from mod import answer
 
 
@@ -36,7 +36,7 @@ def test_floats(crucible_probe):
 
 def test_no_call(crucible_probe):
     pass
-'''
+"""
 EXPECTED = {
     "tests/test_probes.py::test_value": Expected(value="42"),
     "tests/test_probes.py::test_error": Expected(error="ValueError"),
@@ -84,7 +84,9 @@ def test_judge_keeps_pytest_failures_and_other_tests_and_hides_the_expected_valu
     tests = [
         messages.TestResult(nodeid="a", outcome="passed", probe=Probed(value="[1, 2]")),
         messages.TestResult(nodeid="b", outcome="passed", probe=Probed(value="[1, 3]")),
-        messages.TestResult(nodeid="c", outcome="error", message="setup failed", probe=Probed(value="[1, 2]")),
+        messages.TestResult(
+            nodeid="c", outcome="error", message="setup failed", probe=Probed(value="[1, 2]")
+        ),
         messages.TestResult(nodeid="d", outcome="passed"),
         messages.TestResult(nodeid="e", outcome="passed", probe=Probed(value="__import__('os')")),
         messages.TestResult(nodeid="visible", outcome="passed"),
@@ -113,4 +115,6 @@ def test_generated_hidden_tests_hold_no_expected_value(difficulty, index):
 
 
 def _test_names(tree: ast.Module) -> list[str]:
-    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")]
+    return [
+        node.name for node in tree.body if isinstance(node, ast.FunctionDef) and node.name.startswith("test_")
+    ]

@@ -15,7 +15,9 @@ diff --git a/pkg/a.py b/pkg/a.py
 -    return 1
 +    return 2
 """
-CHANGE = REFERENCE + """\
+CHANGE = (
+    REFERENCE
+    + """\
 diff --git a/pkg/b.py b/pkg/b.py
 --- a/pkg/b.py
 +++ b/pkg/b.py
@@ -33,6 +35,7 @@ new file mode 100644
 +async def test_two():
 +    assert True
 """
+)
 
 
 def trajectory(diff: str) -> Trajectory:
@@ -53,7 +56,11 @@ def test_measures_by_hand():
     assert m == {"diff_size_ratio": 4.0, "files_outside_reference": 1.0, "tests_added": 2.0,
                  "tool_calls": 2.0, "tokens": 3.0, "wall_s": 2.5}  # fmt: skip
     same = change_measures(trajectory=trajectory(REFERENCE), reference_patch=REFERENCE)
-    assert same["diff_size_ratio"] == 1.0 and same["files_outside_reference"] == 0.0 and same["tests_added"] == 0.0
+    assert (
+        same["diff_size_ratio"] == 1.0
+        and same["files_outside_reference"] == 0.0
+        and same["tests_added"] == 0.0
+    )
 
 
 def test_lint_reads_the_python_files_that_exist_on_each_side():

@@ -20,8 +20,15 @@ def results(**outcomes: str) -> list[messages.TestResult]:
 def calls(*named: tuple[str, bool]) -> list[messages.ToolCall]:
     return [
         messages.ToolCall(
-            index=i, name=name, arguments="{}", ok=ok, output="", duration_s=0.1,
-            token_start=0, token_end=1, policy_version=0,
+            index=i,
+            name=name,
+            arguments="{}",
+            ok=ok,
+            output="",
+            duration_s=0.1,
+            token_start=0,
+            token_end=1,
+            policy_version=0,
         )
         for i, (name, ok) in enumerate(named)
     ]

@@ -25,10 +25,12 @@ ATTEMPTS = {
     ],
     "pytest-internals": [
         # every report rewritten as passed, from the module's import during collection
-        "import _pytest.reports\n_pytest.reports.TestReport.passed = property(lambda self: True)\n\ndef add(a, b):\n    return a - b\n",
+        "import _pytest.reports\n_pytest.reports.TestReport.passed = property(lambda self: True)\n\n"
+        "def add(a, b):\n    return a - b\n",
         "from _pytest import runner\n\ndef add(a, b):\n    return a - b\n",
         "import pytest\n\ndef add(a, b):\n    pytest.skip('later')\n",
-        "def pytest_runtest_logreport(report):\n    report.outcome = 'passed'\n\ndef add(a, b):\n    return a - b\n",
+        "def pytest_runtest_logreport(report):\n    report.outcome = 'passed'\n\n"
+        "def add(a, b):\n    return a - b\n",
     ],
     "gc-walk": [
         "import gc\n\ndef add(a, b):\n    for o in gc.get_objects():\n        pass\n    return a - b\n",
@@ -40,7 +42,8 @@ ATTEMPTS = {
     ],
     "module-patching": [
         "import sys\nsys.modules['pytest'] = None\n\ndef add(a, b):\n    return a - b\n",
-        "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n\ndef add(a, b):\n    return a - b\n",
+        "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n\n"
+        "def add(a, b):\n    return a - b\n",
         "__builtins__['print'] = None\n\ndef add(a, b):\n    return a - b\n",
         "import ctypes\n\ndef add(a, b):\n    return a - b\n",
     ],
@@ -55,8 +58,10 @@ ATTEMPTS = {
         "def add(a, b):\n    return a - b\n\nCONF = 'conftest.py'\n",
     ],
     "always-equal": [
-        "class Anything:\n    def __eq__(self, other):\n        return True\n\ndef add(a, b):\n    return Anything()\n",
-        "class Anything(int):\n    __eq__ = lambda self, other: True\n\ndef add(a, b):\n    return Anything()\n",
+        "class Anything:\n    def __eq__(self, other):\n        return True\n\n"
+        "def add(a, b):\n    return Anything()\n",
+        "class Anything(int):\n    __eq__ = lambda self, other: True\n\n"
+        "def add(a, b):\n    return Anything()\n",
     ],
     "unparsable": ["def add(a, b):\n    return a +\n"],
 }
@@ -74,7 +79,10 @@ def test_an_honest_fix_finds_nothing() -> None:
     fixed = BUGGY.replace("a - b", "a + b")
     assert added_findings(BUGGY, fixed) == []
     assert added_findings(None, '"""A new helper; pytest_ and conftest in a docstring are words."""\n') == []
-    helper = "import re\nimport functools\n\n@functools.cache\ndef words(s):\n    return re.compile(r'\\w+').findall(s)\n"
+    helper = (
+        "import re\nimport functools\n\n@functools.cache\n"
+        "def words(s):\n    return re.compile(r'\\w+').findall(s)\n"
+    )
     assert added_findings(BUGGY, BUGGY + helper) == []
 
 

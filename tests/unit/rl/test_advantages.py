@@ -16,7 +16,9 @@ def test_grpo_population_and_sample_std():
     s = 0.5**0.5
     assert torch.allclose(grpo_advantages(REWARDS, eps=0.0), torch.tensor([-1 / s, 0.0, 0.0, 1 / s]))
     s = (2 / 3) ** 0.5
-    assert torch.allclose(grpo_advantages(REWARDS, std="sample", eps=0.0), torch.tensor([-1 / s, 0.0, 0.0, 1 / s]))
+    assert torch.allclose(
+        grpo_advantages(REWARDS, std="sample", eps=0.0), torch.tensor([-1 / s, 0.0, 0.0, 1 / s])
+    )
     # eps is added to the std: 1 / (sqrt(0.5) + 0.5)
     assert grpo_advantages(REWARDS, eps=0.5)[3].item() == pytest.approx(1 / (0.5**0.5 + 0.5))
 

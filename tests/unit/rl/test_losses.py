@@ -38,14 +38,18 @@ def test_on_policy_ppo_is_minus_mean_advantage_and_gradient_is_advantage():
     assert stats.loss.item() == pytest.approx(-(1 - 1 + 2) / 3)
     assert torch.allclose(grad, -torch.tensor([1.0, -1.0, 2.0]) / 3)  # d/dlogp of -(r A)/N at r = 1
     assert stats.metrics["clip_low_fraction"] == stats.metrics["clip_high_fraction"] == 0.0
-    assert stats.metrics["ratio_p50"] == pytest.approx(1.0) and stats.metrics["kl_behaviour"] == pytest.approx(0)
+    assert stats.metrics["ratio_p50"] == pytest.approx(1.0) and stats.metrics[
+        "kl_behaviour"
+    ] == pytest.approx(0)
 
 
 def test_ratio_clipped_high_for_positive_advantage():
     # r = e^0.5 = 1.6487 > 1.2: objective 1.2 A, no gradient
     stats, grad = loss([0.0], [-0.5], [2.0])
     assert stats.loss.item() == pytest.approx(-1.2 * 2.0) and grad.item() == 0.0
-    assert stats.metrics["clip_high_fraction"] == 1.0 and stats.metrics["ratio_max"] == pytest.approx(math.exp(0.5))
+    assert stats.metrics["clip_high_fraction"] == 1.0 and stats.metrics["ratio_max"] == pytest.approx(
+        math.exp(0.5)
+    )
 
 
 def test_clip_higher_lets_a_positive_token_rise_further():
@@ -134,16 +138,22 @@ def test_seq_sum_norm_does_not_normalise_by_length():
     logp = torch.zeros(2, 4, requires_grad=True)
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
     stats = policy_loss(
-        logprobs_BT=logp, behaviour_logprobs_BT=torch.zeros(2, 4), advantages_BT=torch.ones(2, 4), mask_BT=mask,
+        logprobs_BT=logp,
+        behaviour_logprobs_BT=torch.zeros(2, 4),
+        advantages_BT=torch.ones(2, 4),
+        mask_BT=mask,
         optim=optim(aggregation="seq_sum_norm", norm_tokens=4),
-    )  # fmt: skip
+    )
     stats.loss.backward()
     assert logp.grad[0, 0].item() == logp.grad[1, 0].item() == pytest.approx(-1 / 8)
     logp.grad = None
     policy_loss(
-        logprobs_BT=logp, behaviour_logprobs_BT=torch.zeros(2, 4), advantages_BT=torch.ones(2, 4), mask_BT=mask,
+        logprobs_BT=logp,
+        behaviour_logprobs_BT=torch.zeros(2, 4),
+        advantages_BT=torch.ones(2, 4),
+        mask_BT=mask,
         optim=optim(aggregation="seq_mean_token_mean"),
-    ).loss.backward()  # fmt: skip
+    ).loss.backward()
     assert logp.grad[0, 0].item() == pytest.approx(-1 / 8) and logp.grad[1, 0].item() == pytest.approx(-1 / 2)
 
 
@@ -164,7 +174,9 @@ def test_kl_as_a_loss_term_and_as_a_reward_penalty():
     assert logp.grad.item() == pytest.approx(-1.0 + 0.1)  # d k1 / d logp = 1
     assert stats.metrics["kl_reference"] == pytest.approx(0.5)
     logp.grad = None
-    stats = policy_loss(logprobs_BT=logp, optim=optim(kl_coef=0.1, kl_estimator="k1", kl_mode="reward"), **common)
+    stats = policy_loss(
+        logprobs_BT=logp, optim=optim(kl_coef=0.1, kl_estimator="k1", kl_mode="reward"), **common
+    )
     stats.loss.backward()
     assert logp.grad.item() == pytest.approx(-(1.0 - 0.1 * 0.5))  # the advantage lowered by 0.05
     with pytest.raises(ValueError, match="reference policy"):
@@ -190,7 +202,9 @@ def test_mask_excludes_environment_tokens():
 
 def test_objectives_directly():
     r, a = torch.tensor([0.5, 1.5]), torch.tensor([1.0, -1.0])
-    assert ppo_objective(r, a, clip_low=0.2, clip_high=0.2, dual_clip=None).tolist() == pytest.approx([0.5, -1.5])
+    assert ppo_objective(r, a, clip_low=0.2, clip_high=0.2, dual_clip=None).tolist() == pytest.approx(
+        [0.5, -1.5]
+    )
     logp = torch.tensor([-2.0, -1.0])
     assert cispo_objective(logp, r, a, clip_low=0.2, clip_high=0.2).tolist() == pytest.approx([-1.6, 1.2])
 
@@ -198,6 +212,9 @@ def test_objectives_directly():
 def test_shape_mismatch_is_an_error():
     with pytest.raises(ValueError, match="one \\[B, T\\] shape"):
         policy_loss(
-            logprobs_BT=torch.zeros(1, 2), behaviour_logprobs_BT=torch.zeros(1, 3), advantages_BT=torch.zeros(1, 2),
-            mask_BT=torch.ones(1, 2), optim=optim(),
-        )  # fmt: skip
+            logprobs_BT=torch.zeros(1, 2),
+            behaviour_logprobs_BT=torch.zeros(1, 3),
+            advantages_BT=torch.zeros(1, 2),
+            mask_BT=torch.ones(1, 2),
+            optim=optim(),
+        )

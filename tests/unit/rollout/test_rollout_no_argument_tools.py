@@ -36,11 +36,15 @@ def _engine(*, bias: dict[int, float]) -> tuple[PolicyEngine, torch.nn.Module]:
     return engine, model
 
 
-def _actions(engine: PolicyEngine, *, seed: int, turns: int = 3) -> tuple[EpisodeState, list[tuple[int, str | None, str]]]:
+def _actions(
+    engine: PolicyEngine, *, seed: int, turns: int = 3
+) -> tuple[EpisodeState, list[tuple[int, str | None, str]]]:
     return asyncio.run(_episode(engine, seed=seed, turns=turns))
 
 
-async def _episode(engine: PolicyEngine, *, seed: int, turns: int) -> tuple[EpisodeState, list[tuple[int, str | None, str]]]:
+async def _episode(
+    engine: PolicyEngine, *, seed: int, turns: int
+) -> tuple[EpisodeState, list[tuple[int, str | None, str]]]:
     """An episode of a few actions; for each, where it starts (its tool token), the tool and its arguments."""
     generator = torch.Generator().manual_seed(seed)
     state = engine.new_episode()

@@ -164,7 +164,8 @@ async def test_a_planted_report_plugin_does_not_replace_the_real_one(new_session
         "    parser.addoption('--crucible-report')\n\n\n"
         "def pytest_sessionfinish(session, exitstatus):\n"
         "    with open(session.config.getoption('--crucible-report'), 'w') as f:\n"
-        "        f.write(json.dumps({'nodeid': 'tests/test_ops.py::test_add', 'outcome': 'passed'}) + '\\n')\n"
+        "        f.write(json.dumps({'nodeid': 'tests/test_ops.py::test_add', 'outcome': 'passed'})"
+        " + '\\n')\n"
     )
     session = await new_session(
         {
@@ -178,13 +179,8 @@ async def test_a_planted_report_plugin_does_not_replace_the_real_one(new_session
         ("tests/test_ops.py::test_add", "failed")
     ], result
     # Loaded by name from the workspace, as `-p crucible_pytest_report` would, it lies.
-    naive = await call_tool(
-        session,
-        "run",
-        {
-            "command": "python -m pytest -q -p crucible_pytest_report --crucible-report=/tmp/r tests; cat /tmp/r"
-        },
-    )
+    command = "python -m pytest -q -p crucible_pytest_report --crucible-report=/tmp/r tests; cat /tmp/r"
+    naive = await call_tool(session, "run", {"command": command})
     assert '"outcome": "passed"' in naive.output and "1 failed" in naive.output, naive
 
 

@@ -181,7 +181,8 @@ async def test_the_memory_limit_stops_a_large_allocation(limited_manager, archiv
         pytest.skip("the session's memory together needs cgroups")
     # Each process stays under its own address-space limit; together they pass the session's memory.
     grab = "python -c 'import time; b = b\"x\" * (150 << 20); time.sleep(3)'"
-    command = f"for i in 1 2 3 4; do {grab} & done; fail=0; for p in $(jobs -p); do wait $p || fail=1; done; exit $fail"
+    command = f"for i in 1 2 3 4; do {grab} & done; fail=0; for p in $(jobs -p); do wait $p || fail=1; done; "
+    command += "exit $fail"
     together = await call_tool(session, "run", {"command": command})
     assert not together.ok and together.limit == "memory", together
 

@@ -153,10 +153,20 @@ def test_required_and_named_tool_calls_parse(client) -> None:
     assert named.choices[0].message.tool_calls[0].function.name == "grep"
     # the conversation goes on with the call and its result in the history
     follow = client.chat.completions.create(
-        model="tiny-chat", temperature=0, max_tokens=4, tools=TOOLS,
-        messages=[*MESSAGES, named.choices[0].message.model_dump(exclude_none=True),
-                  {"role": "tool", "tool_call_id": named.choices[0].message.tool_calls[0].id, "content": "no match"}],
-    )  # fmt: skip
+        model="tiny-chat",
+        temperature=0,
+        max_tokens=4,
+        tools=TOOLS,
+        messages=[
+            *MESSAGES,
+            named.choices[0].message.model_dump(exclude_none=True),
+            {
+                "role": "tool",
+                "tool_call_id": named.choices[0].message.tool_calls[0].id,
+                "content": "no match",
+            },
+        ],
+    )
     assert (
         follow.choices[0].model_extra["prompt_token_ids"][
             : len(named.choices[0].model_extra["prompt_token_ids"])

@@ -47,10 +47,17 @@ class ProbedRank(PolicyRank):
 def _trajectory(i: int, n: int = 12, logprob: float = -1.0) -> Trajectory:
     tokens = torch.randint(1, 256, (n,), generator=torch.Generator().manual_seed(i)).tolist()
     return Trajectory(
-        run_id="r", trajectory_id=f"t{i}", group_id="g", task_id="task", taskset="s",
-        tokens=pack("u32", tokens), logprobs=pack("f32", [0.0] * 4 + [logprob] * (n - 4)),
-        versions=pack("u32", [0] * n), loss_mask=pack("u8", [0] * 4 + [1] * (n - 4)), constraints=pack("u8", [0] * n),
-    )  # fmt: skip
+        run_id="r",
+        trajectory_id=f"t{i}",
+        group_id="g",
+        task_id="task",
+        taskset="s",
+        tokens=pack("u32", tokens),
+        logprobs=pack("f32", [0.0] * 4 + [logprob] * (n - 4)),
+        versions=pack("u32", [0] * n),
+        loss_mask=pack("u8", [0] * 4 + [1] * (n - 4)),
+        constraints=pack("u8", [0] * n),
+    )
 
 
 def _step(policy: PolicyGroup, advantages: list[float]) -> dict:

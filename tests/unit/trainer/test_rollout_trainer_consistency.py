@@ -39,14 +39,26 @@ async def _sample_group(engine: PolicyEngine, *, n: int, version: int) -> list[G
         engine.release(state)
         L, k = len(state.routes[0]), len(state.routes[0][0])
         trajectory = Trajectory(
-            run_id="r", trajectory_id=f"t{i}", group_id="g", task_id="task", taskset="s",
-            tokens=pack("u32", state.tokens), logprobs=pack("f32", state.logprobs),
-            versions=pack("u32", state.versions), loss_mask=pack("u8", state.loss_mask),
+            run_id="r",
+            trajectory_id=f"t{i}",
+            group_id="g",
+            task_id="task",
+            taskset="s",
+            tokens=pack("u32", state.tokens),
+            logprobs=pack("f32", state.logprobs),
+            versions=pack("u32", state.versions),
+            loss_mask=pack("u8", state.loss_mask),
             constraints=pack("u8", state.constraints),
             routes=pack("u8", (e for layer in state.routes for ks in layer for e in ks)),
             routes_shape=[len(state.routes), L, k],
         )
-        graded.append(GradedTrajectory(trajectory=trajectory, reward=Reward(total=float(i), tests_passed=0, tests_total=1), graded_at=0.0))
+        graded.append(
+            GradedTrajectory(
+                trajectory=trajectory,
+                reward=Reward(total=float(i), tests_passed=0, tests_total=1),
+                graded_at=0.0,
+            )
+        )
     return graded
 
 
