@@ -180,7 +180,8 @@ class Cgroups:
         if self.v2:
             d = dirs["memory"]
             (d / "memory.max").write_text(str(self.memory_bytes))
-            (d / "memory.swap.max").exists() and (d / "memory.swap.max").write_text("0")
+            if (d / "memory.swap.max").exists():
+                (d / "memory.swap.max").write_text("0")
             (d / "pids.max").write_text(str(self.max_processes))
             (d / "cpu.max").write_text(f"{quota} {CPU_PERIOD_US}")
         else:
