@@ -1,6 +1,7 @@
 # Crucible developer entry points. Every target creates or reuses the virtual environment in .venv;
 # the test fixtures start NATS, S3 and Redis themselves when none answer on their usual ports.
-#   make test                     lint (ruff), then the whole suite (PYTEST_ARGS="-m 'not slow'" narrows it)
+#   make lint                     ruff check, ruff format --check, pyright (docs/decisions/0019-static-checks.md)
+#   make test                     lint, then the whole suite (PYTEST_ARGS="-m 'not slow'" narrows it)
 #   make demo                     every service locally plus a short training run
 #   make up                       the local stack in the foreground until Ctrl-C
 
@@ -18,7 +19,7 @@ SDISTS := toolz==1.2.0 more-itertools==11.2.1
 SDIST_DIR := .crucible/sdists
 SDIST_STAMP := $(SDIST_DIR)/.downloaded
 
-.PHONY: venv system-packages sdists test demo up clean distclean
+.PHONY: venv system-packages sdists lint test demo up clean distclean
 
 venv: $(STAMP)
 
@@ -51,8 +52,12 @@ $(SDIST_STAMP): | $(PY)
 	$(PY) -m pip download --no-binary :all: --no-deps -d $(SDIST_DIR) $(SDISTS)
 	touch $@
 
-test: venv system-packages sdists
+lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/pyright
+
+test: lint system-packages sdists
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 demo: venv system-packages
