@@ -98,7 +98,7 @@ def _local(path: str) -> str:
 async def login(
     request: Request,
     key: Annotated[str | None, Query(max_length=200)] = None,
-    next: Annotated[str, Query(max_length=2000)] = "/",  # noqa: A002 - the parameter's name in the URL
+    next: Annotated[str, Query(max_length=2000)] = "/",  # the parameter's name in the URL
 ) -> Response:
     """With `key`: check it, keep it in the cookie and go on to `next`; without: a form asking for one."""
     error = None

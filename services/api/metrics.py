@@ -6,7 +6,9 @@ INGESTED = Counter(
     "crucible_api_ingested_total", "Stream messages written to the run history, by stream", ["stream"]
 )
 HTTP_REQUESTS = Counter(
-    "crucible_api_http_requests_total", "REST requests, by method, route and status", ["method", "route", "status"]
+    "crucible_api_http_requests_total",
+    "REST requests, by method, route and status",
+    ["method", "route", "status"],
 )
 HTTP_SECONDS = Histogram(
     "crucible_api_http_request_seconds",

@@ -1,8 +1,9 @@
 """A graded trajectory as a reader wants it: text segments by side and policy version, tool calls, reward.
 
 Token ids decode with the byte tokenizer (0-255 are UTF-8 bytes; specials by name, unknown ones as
-`<special:N>`), or, for a pretrained model's tokens, from the text of each token the rollout recorded. A new segment starts wherever the side (agent-sampled or environment) or the policy
-version changes, so a mid-episode weight swap shows as two agent segments with different versions.
+`<special:N>`), or, for a pretrained model's tokens, from the text of each token the rollout recorded. A new
+segment starts wherever the side (agent-sampled or environment) or the policy version changes, so a
+mid-episode weight swap shows as two agent segments with different versions.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ def segments(graded: GradedTrajectory) -> list[Segment]:
                 version=versions[start],
                 token_start=start,
                 token_end=i,
-                text="".join(traj.token_text[start:i]) if traj.token_text else tokenizer.decode(tokens[start:i]),
+                text="".join(traj.token_text[start:i])
+                if traj.token_text
+                else tokenizer.decode(tokens[start:i]),
             )
         )
         start = i

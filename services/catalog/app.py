@@ -88,7 +88,9 @@ async def setup(rt: Runtime[Settings]) -> None:
 
     async def describe(request: DescribeRequest) -> DescribeReply:
         async with sessionmaker() as session:
-            return DescribeReply(difficulties=await describe_taskset(session=session, taskset=request.taskset))
+            return DescribeReply(
+                difficulties=await describe_taskset(session=session, taskset=request.taskset)
+            )
 
     async def get(request: TaskRequest) -> TaskReply:
         async with sessionmaker() as session:

@@ -17,7 +17,12 @@ async def setup(rt: Runtime[Settings]) -> None:
 
     async def on_trajectory(trajectory: Trajectory, delivery: Delivery) -> None:
         await handle_trajectory(
-            trajectory=trajectory, delivery=delivery, bus=rt.bus, redis=rt.redis, configs=configs, settings=settings
+            trajectory=trajectory,
+            delivery=delivery,
+            bus=rt.bus,
+            redis=rt.redis,
+            configs=configs,
+            settings=settings,
         )
 
     for index in range(settings.concurrency):

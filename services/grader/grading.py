@@ -71,7 +71,10 @@ async def grade(*, bus: Bus, trajectory: Trajectory, config: RunConfig, settings
     if not trajectory.final_diff.strip():
         # Nothing changed: the snapshot fails every FAIL_TO_PASS test by construction (verified).
         return compute_reward(
-            tests=[], fail_to_pass=task.secret.fail_to_pass, pass_to_pass=task.secret.pass_to_pass, changed=False
+            tests=[],
+            fail_to_pass=task.secret.fail_to_pass,
+            pass_to_pass=task.secret.pass_to_pass,
+            changed=False,
         )
     try:
         protected = protected_paths(trajectory.final_diff)
@@ -103,7 +106,9 @@ async def grade(*, bus: Bus, trajectory: Trajectory, config: RunConfig, settings
 
 def scanned_paths(diff: str) -> list[str]:
     """The Python files a diff changes that the tests import (test modules it adds are never run)."""
-    return [path for path in touched_paths(diff) if path.endswith(".py") and not pytest_report.is_test_path(path)]
+    return [
+        path for path in touched_paths(diff) if path.endswith(".py") and not pytest_report.is_test_path(path)
+    ]
 
 
 async def read_source(session: SandboxSession, path: str) -> str | None:
@@ -115,20 +120,31 @@ async def read_source(session: SandboxSession, path: str) -> str | None:
     return TOO_LARGE if result.truncated else result.output
 
 
-async def tamper_findings(session: SandboxSession, before: dict[str, str | None]) -> list[tuple[str, Finding]]:
+async def tamper_findings(
+    session: SandboxSession, before: dict[str, str | None]
+) -> list[tuple[str, Finding]]:
     """What the applied change added to each scanned file, by `services.grader.tamper`'s rules."""
     found = []
     for path, source in before.items():
         after = await read_source(session, path)
         if after is TOO_LARGE:
-            found.append((path, Finding("unparsable", 0, f"over {SOURCE_CAP_BYTES} bytes, too large to scan")))
+            found.append(
+                (path, Finding("unparsable", 0, f"over {SOURCE_CAP_BYTES} bytes, too large to scan"))
+            )
         elif after is not None:
-            found += [(path, finding) for finding in added_findings(None if source is TOO_LARGE else source, after)]
+            found += [
+                (path, finding) for finding in added_findings(None if source is TOO_LARGE else source, after)
+            ]
     return found
 
 
 async def run_hidden_tests(
-    *, session: SandboxSession, trajectory: Trajectory, secret: TaskSecret, config: RunConfig, settings: Settings
+    *,
+    session: SandboxSession,
+    trajectory: Trajectory,
+    secret: TaskSecret,
+    config: RunConfig,
+    settings: Settings,
 ) -> Reward:
     measure = bool(trajectory.eval_id)  # quality measures: for evaluations only
     lint_before, lint_after = lint_paths(trajectory.final_diff) if measure else ([], [])

@@ -16,5 +16,7 @@ GRADE_SECONDS = Histogram(
     "crucible_grader_seconds", "Time to grade one trajectory", buckets=(1, 2, 5, 10, 30, 60, 120, 300, 600)
 )
 TAMPERED = Counter(
-    "crucible_grader_tampered_total", "Trajectories scored 0 by the tamper scan, by run and rule", ["run_id", "rule"]
+    "crucible_grader_tampered_total",
+    "Trajectories scored 0 by the tamper scan, by run and rule",
+    ["run_id", "rule"],
 )

@@ -38,8 +38,12 @@ def _files(diff: str) -> list:
 def lint_paths(diff: str) -> tuple[list[str], list[str]]:
     """The Python files the diff touches as they exist before it and after it."""
     files = _files(diff)
-    before = [diff_path(f.source_file) for f in files if not f.is_added_file and f.source_file.endswith(".py")]
-    after = [diff_path(f.target_file) for f in files if not f.is_removed_file and f.target_file.endswith(".py")]
+    before = [
+        diff_path(f.source_file) for f in files if not f.is_added_file and f.source_file.endswith(".py")
+    ]
+    after = [
+        diff_path(f.target_file) for f in files if not f.is_removed_file and f.target_file.endswith(".py")
+    ]
     return before, after  # type: ignore[return-value]  # neither side is /dev/null here
 
 
@@ -69,7 +73,9 @@ def change_measures(*, trajectory: Trajectory, reference_patch: str) -> dict[str
         if line.is_added and _TEST_DEF.match(line.value)
     )
     return {
-        "diff_size_ratio": sum(f.added + f.removed for f in files) / reference_lines if reference_lines else 0.0,
+        "diff_size_ratio": sum(f.added + f.removed for f in files) / reference_lines
+        if reference_lines
+        else 0.0,
         "files_outside_reference": float(len(touched - expected - new_tests)),
         "tests_added": float(tests_added),
         "tool_calls": float(len(trajectory.tool_calls)),

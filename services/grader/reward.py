@@ -57,7 +57,9 @@ def compute_reward(
         worked = [call for call in tool_calls if call.name != "submit"]
         if worked:
             terms["shaping"] = options.shaping * sum(call.ok for call in worked) / len(worked)
-            terms["tool_error_penalty"] = -options.tool_error_penalty * sum(not call.ok for call in worked) / len(worked)
+            terms["tool_error_penalty"] = (
+                -options.tool_error_penalty * sum(not call.ok for call in worked) / len(worked)
+            )
         if pass_to_pass:
             terms["pass_to_pass_penalty"] = -options.pass_to_pass_penalty * broken / len(pass_to_pass)
         terms["length_penalty"] = -options.length_penalty * min(1.0, sampled_tokens / max(token_budget, 1))

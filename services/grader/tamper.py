@@ -61,7 +61,15 @@ NAMES = {  # strings that name one of the above, for getattr and friends
     "_exit": "exit-hooks",
 }
 PYTEST_WORDS = ("pytest_", "TestReport", "CallInfo", "runtestprotocol", "_pytest")
-REPORT_WORDS = ("crucible-report", "crucible_report", "crucible/report", SCRIPT, ".pytest_cache", "junit", "conftest")
+REPORT_WORDS = (
+    "crucible-report",
+    "crucible_report",
+    "crucible/report",
+    SCRIPT,
+    ".pytest_cache",
+    "junit",
+    "conftest",
+)
 
 
 @dataclass(frozen=True)

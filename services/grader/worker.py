@@ -64,7 +64,10 @@ async def handle_trajectory(
         trajectory=trajectory, reward=reward, graded_at=time.time(), grader_replica=settings.replica
     )
     fresh = await bus.publish(
-        subjects.graded(trajectory.run_id), graded, msg_id=tid, claim_prefix=graded_claim_prefix(trajectory.run_id, tid)
+        subjects.graded(trajectory.run_id),
+        graded,
+        msg_id=tid,
+        claim_prefix=graded_claim_prefix(trajectory.run_id, tid),
     )
     await mark_graded(redis=redis, trajectory_id=tid, ttl_s=settings.graded_key_ttl_s)
     GRADE_SECONDS.observe(time.monotonic() - started)

@@ -96,7 +96,12 @@ async def _evaluate(
 
     failed = await asyncio.gather(*(one_task(i, task) for i, task in enumerate(tasks)))
     await _report(
-        rt, request, status="done", tasks=len(tasks), expected=len(tasks) * per_task, failed_episodes=sum(failed)
+        rt,
+        request,
+        status="done",
+        tasks=len(tasks),
+        expected=len(tasks) * per_task,
+        failed_episodes=sum(failed),
     )
     rt.log.info("evaluation episodes done", eval_id=request.eval_id, failed_episodes=sum(failed))
 
@@ -114,7 +119,9 @@ async def _evaluate_task(
         async with prepared:
             sessions = await prepared.fork(per_task, ttl_s=SANDBOX_TTL_S)
     except Exception as exc:
-        rt.log.error("no sandbox for an evaluated task", eval_id=request.eval_id, task=task.task_id, error=repr(exc))
+        rt.log.error(
+            "no sandbox for an evaluated task", eval_id=request.eval_id, task=task.task_id, error=repr(exc)
+        )
         return per_task
 
     async def episode(sample: int, session) -> bool:
@@ -137,7 +144,12 @@ async def _evaluate_task(
             trajectory = msgspec.structs.replace(trajectory, eval_id=request.eval_id, eval_sample=sample)
             return await publish_trajectory(rt.bus, trajectory, stop=rt.stopping)
         except Exception as exc:  # counted as failed: the evaluation completes without it
-            rt.log.error("evaluation episode failed", eval_id=request.eval_id, trajectory=trajectory_id, error=repr(exc))
+            rt.log.error(
+                "evaluation episode failed",
+                eval_id=request.eval_id,
+                trajectory=trajectory_id,
+                error=repr(exc),
+            )
             return False
 
     results = await asyncio.gather(*(episode(i, s) for i, s in enumerate(sessions)))

@@ -6,7 +6,8 @@ EPISODES = Counter("crucible_rollout_episodes_total", "Episodes finished", ["run
 TOKENS = Counter("crucible_rollout_tokens_total", "Tokens in finished episodes", ["run_id"])
 VERSION = Gauge("crucible_rollout_policy_version", "Policy version loaded", ["run_id"])
 GROUPS_IN_FLIGHT = Gauge(
-    "crucible_rollout_groups_in_flight", "Admitted groups not yet published (sampling, rolling out, publishing)",
+    "crucible_rollout_groups_in_flight",
+    "Admitted groups not yet published (sampling, rolling out, publishing)",
     ["run_id"],
 )
 SECONDS = (1, 2, 5, 10, 30, 60, 120, 300, 600)

@@ -27,7 +27,9 @@ async def setup(rt: Runtime[Settings]) -> None:
 
     async def on_run(created: RunCreated, delivery: Delivery) -> None:
         if created.run_id in active:  # redelivered while this replica trains it: the job settles the run
-            rt.log.warning("run redelivered while training it", run_id=created.run_id, attempt=delivery.attempt)
+            rt.log.warning(
+                "run redelivered while training it", run_id=created.run_id, attempt=delivery.attempt
+            )
             delivery.hold()
             return
         delivery.hold()  # acked by the job when the run is finished

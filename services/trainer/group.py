@@ -9,6 +9,7 @@ resumes from the last saved state in a fresh group.
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING
 
 from crucible.contracts.messages import Trajectory
@@ -53,7 +54,7 @@ def combine(per_rank: list[dict[str, float]]) -> dict[str, float]:
         elif key in MAXED:
             out[key] = max(values)
         elif total > 0:
-            out[key] = sum(v * w for v, w in zip(values, weights)) / total
+            out[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / total
         else:
             out[key] = values[0]
     return out
@@ -65,7 +66,8 @@ def slices(trajectories: list[Trajectory], advantages: list[float], *, world_siz
     collective) on a copy of the first trajectory that counts nowhere: no sampled token, no valid position."""
     bounds = [len(trajectories) * r // world_size for r in range(world_size + 1)]
     batches = [
-        collate(trajectories[lo:hi], advantages[lo:hi]) if hi > lo else None for lo, hi in zip(bounds, bounds[1:])
+        collate(trajectories[lo:hi], advantages[lo:hi]) if hi > lo else None
+        for lo, hi in itertools.pairwise(bounds)
     ]
     real = [b for b in batches if b is not None]
     totals = BatchTotals(

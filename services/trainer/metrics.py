@@ -5,7 +5,9 @@ from prometheus_client import Counter, Gauge, Histogram
 RUNS = Gauge("crucible_trainer_runs", "Runs this replica is training")
 STEPS = Counter("crucible_trainer_steps_total", "Optimizer steps taken", ["run_id"])
 STEP_SECONDS = Histogram(
-    "crucible_trainer_step_seconds", "Time of one optimizer step", buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 300)
+    "crucible_trainer_step_seconds",
+    "Time of one optimizer step",
+    buckets=(0.1, 0.5, 1, 2, 5, 10, 30, 60, 300),
 )
 TRAJECTORIES = Counter(
     "crucible_trainer_trajectories_total",
@@ -16,5 +18,7 @@ TRAJECTORIES = Counter(
 )
 VERSION = Gauge("crucible_trainer_policy_version", "Newest weight version published", ["run_id"])
 SKIPPED_STEPS = Counter(
-    "crucible_trainer_skipped_steps_total", "Steps not taken for non-finite numbers, by what", ["run_id", "reason"]
+    "crucible_trainer_skipped_steps_total",
+    "Steps not taken for non-finite numbers, by what",
+    ["run_id", "reason"],
 )

@@ -55,7 +55,7 @@ def replayed_masks(batch: Batch, tool_calls: ToolCallGrammar) -> torch.Tensor:
     the sampled tokens (once per step: the policy and the reference share it)."""
     masks = torch.stack([
         tool_calls.replay_masks(tokens.tolist(), (constraints == TOOL_CALL).tolist())
-        for tokens, constraints in zip(batch.tokens_BT, batch.constraints_BT)
+        for tokens, constraints in zip(batch.tokens_BT, batch.constraints_BT, strict=True)
     ])  # fmt: skip
     return masks
 
@@ -91,7 +91,9 @@ def token_logprobs(
     picked = torch.where(sampled, picked, torch.zeros_like(picked))
     entropy = None
     if with_entropy:
-        entropy = batch.from_rows(_shift(torch.where(sampled, entropy_from_logprobs(logp_BTV), torch.zeros_like(picked))))
+        entropy = batch.from_rows(
+            _shift(torch.where(sampled, entropy_from_logprobs(logp_BTV), torch.zeros_like(picked)))
+        )
     return batch.from_rows(_shift(picked)), entropy
 
 
@@ -101,7 +103,11 @@ class PolicyRank:
     def __init__(self, config: RunConfig, spec: PolicySpec) -> None:
         self.config = config
         parallel = config.parallel
-        self.device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        self.device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if dist.get_backend() == "nccl"
+            else torch.device("cpu")
+        )
         mesh = build_mesh(
             ParallelConfig(replicate=parallel.replicate, shard=parallel.shard, expert=parallel.ep),
             device_type=self.device.type,
@@ -110,7 +116,9 @@ class PolicyRank:
         plain = spec.initial_model(seed=config.seed)
         self.cfg = plain.cfg
         self.model = parallelize(plain.to(self.device), mesh=mesh)
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=config.optim.learning_rate, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(), lr=config.optim.learning_rate, weight_decay=0.0
+        )
         self.sft_optimizer: torch.optim.Optimizer | None = None
         self.reference: Transformer | None = None  # the KL term's frozen start, whole on every rank
         self.tool_calls = spec.tool_calls  # the rollouts' action grammar, replayed over the sampled tokens
@@ -130,7 +138,9 @@ class PolicyRank:
             if self.reference is None:
                 raise ValueError("kl_coef > 0 needs the reference policy (set_reference)")
             with torch.no_grad():
-                ref_logprobs, _ = token_logprobs(self.reference, batch, temperature=temperature, allowed=allowed)
+                ref_logprobs, _ = token_logprobs(
+                    self.reference, batch, temperature=temperature, allowed=allowed
+                )
         stats = policy_loss(
             logprobs_BT=logprobs,
             behaviour_logprobs_BT=batch.behaviour_logprobs_BT,
@@ -147,12 +157,16 @@ class PolicyRank:
         """One warm-start step: the negative log-likelihood of the demonstrations' policy tokens (mean per
         token of the whole batch) under the distribution the policy samples from, with its own AdamW."""
         if self.sft_optimizer is None:
-            self.sft_optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate, weight_decay=0.0)
+            self.sft_optimizer = torch.optim.AdamW(
+                self.model.parameters(), lr=learning_rate, weight_decay=0.0
+            )
         batch = part.batch.to(self.device)
         self.model.train()
         self.sft_optimizer.zero_grad(set_to_none=True)
         allowed = None if self.tool_calls is None else replayed_masks(batch, self.tool_calls).to(self.device)
-        logprobs, _ = token_logprobs(self.model, batch, temperature=self.config.agent.temperature, allowed=allowed)
+        logprobs, _ = token_logprobs(
+            self.model, batch, temperature=self.config.agent.temperature, allowed=allowed
+        )
         share = -(logprobs * batch.mask_BT).sum() / max(part.totals.tokens, 1.0)
         metrics = self._apply(self.sft_optimizer, share, self.config.optim.max_grad_norm)
         return {**metrics, "tokens": float(batch.mask_BT.sum())}
@@ -160,7 +174,9 @@ class PolicyRank:
     def end_sft(self) -> None:
         self.sft_optimizer = None
 
-    def _apply(self, optimizer: torch.optim.Optimizer, share: torch.Tensor, max_grad_norm: float) -> dict[str, float | str]:
+    def _apply(
+        self, optimizer: torch.optim.Optimizer, share: torch.Tensor, max_grad_norm: float
+    ) -> dict[str, float | str]:
         """Backward, clip, step, then the router bias update from the whole batch's load; skipped on every
         rank, with nothing changed, when the loss or the gradients are not finite on any."""
         finite = torch.tensor([1.0 if bool(torch.isfinite(share.detach())) else 0.0], device=self.device)

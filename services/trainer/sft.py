@@ -1,12 +1,12 @@
 """A run's supervised warm start (run config `sft`): demonstrations rendered as the run's own episodes,
 then `sft.steps` optimizer steps of negative log-likelihood on the policy's tokens.
 
-Reference solutions (crucible.agent.solutions) are played by crucible.agent.demonstrations' Teacher in a real sandbox on each
-train-split task's snapshot, through the same agent loop as the rollouts (so the tokens, masks and
-constraints have exactly the policy's layout); imported conversations are played against their recorded
-tool results. A demonstration that cannot be played within the run's agent budget, or whose edits the
-sandbox refuses, is left out and counted by reason; an imported file that cannot be read or parsed
-raises DemonstrationError (the run cannot start).
+Reference solutions (crucible.agent.solutions) are played by crucible.agent.demonstrations' Teacher in a real
+sandbox on each train-split task's snapshot, through the same agent loop as the rollouts (so the tokens, masks
+and constraints have exactly the policy's layout); imported conversations are played against their recorded
+tool results. A demonstration that cannot be played within the run's agent budget, or whose edits the sandbox
+refuses, is left out and counted by reason; an imported file that cannot be read or parsed raises
+DemonstrationError (the run cannot start).
 """
 
 from __future__ import annotations
@@ -68,7 +68,9 @@ async def render(
     out = Demonstrations()
 
     def teacher(actions) -> Teacher:
-        return Teacher(actions, agent=config.agent, max_context=max_context, tokenizer=tokenizer, tool_calls=tool_calls)
+        return Teacher(
+            actions, agent=config.agent, max_context=max_context, tokenizer=tokenizer, tool_calls=tool_calls
+        )
 
     async def play(index: int, task: TaskSpec, actor: Teacher, session) -> None:
         trajectory = await run_episode(
@@ -90,7 +92,9 @@ async def render(
     async def reference(index: int, task: TaskSpec) -> None:
         async with slots:
             try:
-                reply = await rt.bus.request(endpoints.CATALOG_SECRET, TaskRequest(task_id=task.task_id), timeout=30)
+                reply = await rt.bus.request(
+                    endpoints.CATALOG_SECRET, TaskRequest(task_id=task.task_id), timeout=30
+                )
                 if reply.secret is None:
                     raise DemonstrationError("the catalog sent no reference patch")
                 patch = reply.secret.reference_patch
@@ -134,7 +138,9 @@ def _reason(exc: DemonstrationError) -> str:
     return str(exc).split(":")[0]
 
 
-def batches(trajectories: list[Trajectory], *, steps: int, batch_size: int, seed: int) -> list[list[Trajectory]]:
+def batches(
+    trajectories: list[Trajectory], *, steps: int, batch_size: int, seed: int
+) -> list[list[Trajectory]]:
     """`steps` batches drawn without replacement within each epoch, in a seeded order."""
     rng = random.Random(seed)
     order: list[Trajectory] = []
@@ -174,7 +180,9 @@ async def warm_start(
     if not demos.trajectories:
         left_out = dict(demos.skipped) or "none found"
         raise DemonstrationError(f"sft: no demonstration could be played (left out: {left_out})")
-    rt.log.info("warm start", run_id=run_id, demonstrations=len(demos.trajectories), skipped=dict(demos.skipped))
+    rt.log.info(
+        "warm start", run_id=run_id, demonstrations=len(demos.trajectories), skipped=dict(demos.skipped)
+    )
     losses, tokens = [], 0
     for batch in batches(demos.trajectories, steps=sft.steps, batch_size=sft.batch_size, seed=config.seed):
         if rt.stopping.is_set():
@@ -184,7 +192,9 @@ async def warm_start(
         tokens += int(metrics["tokens"])
     await asyncio.to_thread(policy.end_sft)
     every = -(-len(losses) // MAX_REPORTED_LOSSES)
-    rt.log.info("warm start trained", run_id=run_id, steps=len(losses), loss_first=losses[0], loss_last=losses[-1])
+    rt.log.info(
+        "warm start trained", run_id=run_id, steps=len(losses), loss_first=losses[0], loss_last=losses[-1]
+    )
     return WarmStartReport(
         demonstrations=len(demos.trajectories),
         skipped=dict(demos.skipped),

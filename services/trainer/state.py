@@ -62,21 +62,25 @@ class StateStore:
         files = {}
         for path in sorted(directory.iterdir()):
             data = await asyncio.to_thread(path.read_bytes)
-            files[path.name] = await self.store.put_bytes(trainer_state_key(self.run_id, slot, path.name), data)
+            files[path.name] = await self.store.put_bytes(
+                trainer_state_key(self.run_id, slot, path.name), data
+            )
         shutil.rmtree(directory, ignore_errors=True)
         index = SavedState(**msgspec.structs.asdict(books), world_size=self.world_size, files=files)
         await self.store.put_bytes(trainer_state_key(self.run_id, slot), msgspec.json.encode(index))
         self.slot = slot
 
     async def resume(self, read: Callable[[str], None]) -> Books | None:
-        """Hand the newest saved state that reads whole to `read(directory)` (the ranks load it) and
-        return its books; None for a new run. Raises StateUnreadable when states exist and none reads whole (one torn or corrupt save
-        costs at most the steps since the save before it), ValueError when the state was written by a
-        different number of ranks, Unavailable while the object store is away."""
+        """Hand the newest saved state that reads whole to `read(directory)` (the ranks load it) and return
+        its books; None for a new run. Raises StateUnreadable when states exist and none reads whole (one torn
+        or corrupt save costs at most the steps since the save before it), ValueError when the state was
+        written by a different number of ranks, Unavailable while the object store is away."""
         found, unreadable = [], []
         for slot in (0, 1):
             try:
-                data = await self.store.get_bytes(self.store.uri(trainer_state_key(self.run_id, slot)), verify=False)
+                data = await self.store.get_bytes(
+                    self.store.uri(trainer_state_key(self.run_id, slot)), verify=False
+                )
                 found.append((slot, msgspec.json.decode(data, type=SavedState)))
             except ObjectNotFound:
                 continue
@@ -87,7 +91,9 @@ class StateStore:
                 self.log.warning("trainer state unreadable", slot=slot, error=repr(exc))
         for slot, state in sorted(found, key=lambda item: (item[1].step, item[1].version), reverse=True):
             if state.world_size != self.world_size:
-                raise ValueError(f"the saved state is of {state.world_size} ranks, the run's config has {self.world_size}")
+                raise ValueError(
+                    f"the saved state is of {state.world_size} ranks, the run's config has {self.world_size}"
+                )
             directory = self.work_dir / f"resume-{slot}"
             try:
                 await self._download(state.files, directory)
@@ -99,9 +105,13 @@ class StateStore:
             shutil.rmtree(directory, ignore_errors=True)
             self.slot = slot
             self.log.info("resumed run", step=state.step, version=state.version, slot=slot)
-            return Books(step=state.step, version=state.version, trained=state.trained, last_step=state.last_step)
+            return Books(
+                step=state.step, version=state.version, trained=state.trained, last_step=state.last_step
+            )
         if unreadable:
-            raise StateUnreadable(f"no saved trainer state reads whole (slots {sorted(set(unreadable))}): the run cannot resume")
+            raise StateUnreadable(
+                f"no saved trainer state reads whole (slots {sorted(set(unreadable))}): the run cannot resume"
+            )
         return None
 
     async def _download(self, files: dict[str, ObjectRef], directory: Path) -> None:

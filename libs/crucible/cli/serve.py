@@ -31,7 +31,9 @@ def serve(
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's).")] = None,
     weights_dir: Annotated[
         Path | None,
-        typer.Option(help="Allow POST /update_weights_from_disk to load checkpoints from under this directory."),
+        typer.Option(
+            help="Allow POST /update_weights_from_disk to load checkpoints from under this directory."
+        ),
     ] = None,
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
@@ -62,7 +64,9 @@ def serve(
     listener = socket.create_server((host, port))
     bound = listener.getsockname()[1]
     typer.echo(f"serving {engine.name} on http://{host}:{bound}/v1", err=False)
-    server = uvicorn.Server(uvicorn.Config(create_app(engine, weights_dir=weights_dir), log_level="warning", access_log=False))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(engine, weights_dir=weights_dir), log_level="warning", access_log=False)
+    )
     try:
         server.run(sockets=[listener])
     finally:

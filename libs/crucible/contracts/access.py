@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from crucible.contracts import subjects
 
 ADMIN = "admin"
-"""The operator's identity (`crucible up`, `crucible deadletters`, tests): everything, stream setup included."""
+"""The operator's identity (`crucible up`, `crucible deadletters`, tests): everything, stream setup
+included."""
 
 INBOX = "_INBOX"
 
@@ -65,10 +66,14 @@ class _Grant:
         """A durable pull consumer of `stream` (`durable` may be `*`): create, fetch, ack, dead-letter."""
         api = "$JS.API.CONSUMER"
         self.publish += [
-            f"{api}.INFO.{stream}.{durable}", f"{api}.CREATE.{stream}.{durable}", f"{api}.CREATE.{stream}.{durable}.>",
-            f"{api}.DURABLE.CREATE.{stream}.{durable}", f"{api}.MSG.NEXT.{stream}.{durable}",
-            f"$JS.ACK.{stream}.{durable}.>", subjects.dead_letter(stream),
-        ]  # fmt: skip
+            f"{api}.INFO.{stream}.{durable}",
+            f"{api}.CREATE.{stream}.{durable}",
+            f"{api}.CREATE.{stream}.{durable}.>",
+            f"{api}.DURABLE.CREATE.{stream}.{durable}",
+            f"{api}.MSG.NEXT.{stream}.{durable}",
+            f"$JS.ACK.{stream}.{durable}.>",
+            subjects.dead_letter(stream),
+        ]
         return self
 
     def reads(self, stream: str) -> _Grant:
@@ -123,7 +128,10 @@ RUN_ENDED = subjects.run_finished("*")
 
 
 def _grants() -> dict[str, _Grant]:
-    g = {name: _Grant() for name in ("catalog", "sandbox", "rollout", "grader", "trainer", "checkpoints", "api")}
+    g = {
+        name: _Grant()
+        for name in ("catalog", "sandbox", "rollout", "grader", "trainer", "checkpoints", "api")
+    }
     sandboxes = (subjects.SANDBOX_CREATE, SANDBOX_CALLS)
 
     g["catalog"].serves(
@@ -134,16 +142,23 @@ def _grants() -> dict[str, _Grant]:
 
     g["sandbox"].serves(subjects.SANDBOX_CREATE, subjects.SANDBOX_LIMITS, subjects.sandbox_call("*", ">"))
 
-    g["rollout"].requests(subjects.CATALOG_SAMPLE, subjects.CATALOG_LIST, *sandboxes, subjects.CHECKPOINTS_GET)
+    g["rollout"].requests(
+        subjects.CATALOG_SAMPLE, subjects.CATALOG_LIST, *sandboxes, subjects.CHECKPOINTS_GET
+    )
     g["rollout"].publishes(subjects.rollouts("*"), RUN_ENDED)
-    g["rollout"].consumes(subjects.EVALS, subjects.ROLLOUT_EVALS_DURABLE).follows(subjects.WEIGHTS).reads(subjects.RUNS)
+    g["rollout"].consumes(subjects.EVALS, subjects.ROLLOUT_EVALS_DURABLE).follows(subjects.WEIGHTS).reads(
+        subjects.RUNS
+    )
 
     g["grader"].requests(subjects.CATALOG_SECRET, *sandboxes)
     g["grader"].publishes(subjects.graded("*"))
     g["grader"].consumes(subjects.ROLLOUTS, subjects.GRADER_DURABLE).reads(subjects.RUNS)
 
     g["trainer"].requests(
-        subjects.CATALOG_LIST, subjects.CATALOG_SECRET, subjects.CHECKPOINTS_COMMIT, subjects.CHECKPOINTS_GET,
+        subjects.CATALOG_LIST,
+        subjects.CATALOG_SECRET,
+        subjects.CHECKPOINTS_COMMIT,
+        subjects.CHECKPOINTS_GET,
         *sandboxes,  # a warm start plays its demonstrations in sandboxes
     )
     g["trainer"].publishes(subjects.eval_requested("*"), RUN_ENDED)
@@ -156,7 +171,9 @@ def _grants() -> dict[str, _Grant]:
 
     g["api"].requests(subjects.CATALOG_DESCRIBE, subjects.SANDBOX_LIMITS)
     g["api"].publishes(subjects.run_created("*"), RUN_ENDED, subjects.eval_requested("*"))
-    g["api"].consumes(subjects.GRADED, subjects.API_GRADED_DURABLE).consumes(subjects.EVENTS, subjects.API_EVENTS_DURABLE)
+    g["api"].consumes(subjects.GRADED, subjects.API_GRADED_DURABLE).consumes(
+        subjects.EVENTS, subjects.API_EVENTS_DURABLE
+    )
     g["api"].reads(subjects.ROLLOUTS).reads(subjects.GRADED).reads(subjects.RUNS)  # run clean-up
 
     for kind, producers in EVENT_PRODUCERS.items():
@@ -177,7 +194,9 @@ def _permissions(identity: str, grant: _Grant) -> Permissions:
     )
 
 
-SERVICE_PERMISSIONS: dict[str, Permissions] = {name: _permissions(name, grant) for name, grant in _grants().items()}
+SERVICE_PERMISSIONS: dict[str, Permissions] = {
+    name: _permissions(name, grant) for name, grant in _grants().items()
+}
 """Each service's permissions, by its identity (its service name)."""
 
 ADMIN_PERMISSIONS = Permissions(publish=(">",), subscribe=(">",), responds=True)
@@ -208,17 +227,27 @@ OBJECT_GRANTS: dict[str, tuple[ObjectGrant, ...]] = {
     # it writes only the claim checks of its own big replies (a diff, a test report), which nothing but the
     # asker's reply points at, by sha256
     "sandbox": (
-        ObjectGrant("tasksets/*"), ObjectGrant(f"bus/{SANDBOX_CALLS}"),
+        ObjectGrant("tasksets/*"),
+        ObjectGrant(f"bus/{SANDBOX_CALLS}"),
         ObjectGrant(f"bus/{INBOX}.*", write=True),
     ),
     "rollout": (ObjectGrant(WEIGHTS), ObjectGrant(TRAJECTORIES, write=True), BUS_CLAIMS),
-    "grader": (ObjectGrant(TRAJECTORIES), ObjectGrant("runs/*/trajectories/*/graded*", write=True), BUS_CLAIMS),
+    "grader": (
+        ObjectGrant(TRAJECTORIES),
+        ObjectGrant("runs/*/trajectories/*/graded*", write=True),
+        BUS_CLAIMS,
+    ),
     "trainer": (
-        ObjectGrant(TRAJECTORIES), ObjectGrant(WEIGHTS, write=True), ObjectGrant("runs/*/trainer/*", write=True),
-        ObjectGrant("tasksets/*"), ObjectGrant("demonstrations/*"), BUS_CLAIMS,
-    ),  # fmt: skip
+        ObjectGrant(TRAJECTORIES),
+        ObjectGrant(WEIGHTS, write=True),
+        ObjectGrant("runs/*/trainer/*", write=True),
+        ObjectGrant("tasksets/*"),
+        ObjectGrant("demonstrations/*"),
+        BUS_CLAIMS,
+    ),
     "checkpoints": (ObjectGrant(WEIGHTS, write=True, list=True), BUS_CLAIMS),
-    "api": (ObjectGrant(TRAJECTORIES, write=True, list=True), BUS_CLAIMS),  # a run's objects, released when it ends
+    # a run's objects, released when it ends
+    "api": (ObjectGrant(TRAJECTORIES, write=True, list=True), BUS_CLAIMS),
 }
 """What each service may do with the objects of the bucket; the operator (`ADMIN`) may do everything."""
 
@@ -232,7 +261,13 @@ def seaweedfs_identities(keys: Mapping[str, Sequence[str]], bucket: str) -> list
         for grant in OBJECT_GRANTS[identity]:
             kinds = ["Read"] + ["Write"] * grant.write + ["List"] * grant.list
             actions += [f"{kind}:{bucket}/{grant.pattern}" for kind in kinds]
-        identities.append({"name": identity, "credentials": [{"accessKey": access, "secretKey": secret}], "actions": actions})
+        identities.append(
+            {
+                "name": identity,
+                "credentials": [{"accessKey": access, "secretKey": secret}],
+                "actions": actions,
+            }
+        )
     return identities
 
 
@@ -241,7 +276,9 @@ def aws_policy(identity: str, bucket: str) -> dict[str, object]:
     statements: list[dict[str, object]] = []
     for grant in OBJECT_GRANTS[identity]:
         actions = ["s3:GetObject"] + ["s3:PutObject", "s3:DeleteObject"] * grant.write
-        statements.append({"Effect": "Allow", "Action": actions, "Resource": [f"arn:aws:s3:::{bucket}/{grant.pattern}"]})
+        statements.append(
+            {"Effect": "Allow", "Action": actions, "Resource": [f"arn:aws:s3:::{bucket}/{grant.pattern}"]}
+        )
         if grant.list:
             statements.append({
                 "Effect": "Allow", "Action": ["s3:ListBucket"], "Resource": [f"arn:aws:s3:::{bucket}"],

@@ -71,7 +71,8 @@ class ParallelMesh:
 
     @property
     def expert_data(self) -> DeviceMesh:
-        """(expert_replicate, expert_shard): HSDP of this rank's experts among the ranks holding the same ones."""
+        """(expert_replicate, expert_shard): HSDP of this rank's experts among the ranks holding the same
+        ones."""
         return self.experts["expert_replicate", "expert_shard"]
 
     @property

@@ -68,5 +68,5 @@ def all_reduce_router_loads(model: Transformer) -> None:
         return
     flat = torch.cat(counts)
     dist.all_reduce(flat)
-    for target, summed in zip(counts, flat.split([c.numel() for c in counts])):
+    for target, summed in zip(counts, flat.split([c.numel() for c in counts]), strict=True):
         target.copy_(summed)

@@ -54,12 +54,19 @@ class BatchTotals:
     @classmethod
     def of(cls, mask_BT: torch.Tensor) -> BatchTotals:
         return cls(
-            tokens=float(mask_BT.sum()), sequences=float((mask_BT.sum(-1) > 0).sum()), rows=int(mask_BT.shape[0])
+            tokens=float(mask_BT.sum()),
+            sequences=float((mask_BT.sum(-1) > 0).sum()),
+            rows=int(mask_BT.shape[0]),
         )
 
 
 def aggregate(
-    x_BT: torch.Tensor, mask_BT: torch.Tensor, *, mode: str, norm_tokens: int = 1024, totals: BatchTotals | None = None
+    x_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    mode: str,
+    norm_tokens: int = 1024,
+    totals: BatchTotals | None = None,
 ) -> torch.Tensor:
     """Reduce per-token values to a scalar: `token_mean` (every sampled token of the batch weighs the
     same), `seq_mean_token_mean` (every sequence weighs the same), `seq_sum_norm` (Dr. GRPO: the sum
@@ -80,7 +87,12 @@ def aggregate(
 
 
 def ppo_objective(
-    ratio: torch.Tensor, advantages: torch.Tensor, *, clip_low: float, clip_high: float, dual_clip: float | None
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
+    dual_clip: float | None,
 ) -> torch.Tensor:
     """min(r A, clip(r, 1 - clip_low, 1 + clip_high) A), and for A < 0 at least dual_clip * A."""
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
@@ -91,7 +103,12 @@ def ppo_objective(
 
 
 def cispo_objective(
-    logprobs: torch.Tensor, ratio: torch.Tensor, advantages: torch.Tensor, *, clip_low: float, clip_high: float
+    logprobs: torch.Tensor,
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    clip_low: float,
+    clip_high: float,
 ) -> torch.Tensor:
     """sg(clip(r, 1 - clip_low, 1 + clip_high)) A log pi: the gradient is the clipped weight times A."""
     weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high).detach()
@@ -157,7 +174,9 @@ def policy_loss(
     slice of the batch and the loss is the slice's share; the metrics are the slice's."""
     shapes = {t.shape for t in (logprobs_BT, behaviour_logprobs_BT, advantages_BT, mask_BT)}
     if len(shapes) != 1 or logprobs_BT.ndim != 2:
-        raise ValueError(f"logprobs, behaviour logprobs, advantages and mask must share one [B, T] shape: {shapes}")
+        raise ValueError(
+            f"logprobs, behaviour logprobs, advantages and mask must share one [B, T] shape: {shapes}"
+        )
     mask = mask_BT.to(logprobs_BT.dtype)
     behaviour = behaviour_logprobs_BT.detach()
     kl_ref = None
@@ -173,7 +192,11 @@ def policy_loss(
         proximal = (logprobs_BT if proximal_logprobs_BT is None else proximal_logprobs_BT).detach()
         base = proximal
         weight = correction_weights(
-            proximal - behaviour, mask, mode=optim.correction, level=optim.correction_level, cap=optim.correction_cap
+            proximal - behaviour,
+            mask,
+            mode=optim.correction,
+            level=optim.correction_level,
+            cap=optim.correction_cap,
         )
     else:
         base = behaviour
@@ -234,7 +257,10 @@ def _metrics(
     }
     if optim.loss == "decoupled":
         w = weight[selected]
-        out |= {"correction_weight_mean": float(w.mean()), "correction_masked_fraction": float((w == 0).sum()) / n}
+        out |= {
+            "correction_weight_mean": float(w.mean()),
+            "correction_masked_fraction": float((w == 0).sum()) / n,
+        }
     if kl_ref is not None:
         out["kl_reference"] = float(kl_ref[selected].mean())
     if entropy is not None:

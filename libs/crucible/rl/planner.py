@@ -61,8 +61,9 @@ def plan_step(
             continue
         rewards = torch.tensor([g.reward.total for g in members], dtype=torch.float64)
         advantages.extend(
-            group_advantages(rewards, estimator=optim.advantage, std=optim.advantage_std, eps=optim.advantage_eps)
-            .tolist()
+            group_advantages(
+                rewards, estimator=optim.advantage, std=optim.advantage_std, eps=optim.advantage_eps
+            ).tolist()
         )
         kept.extend(members)
     if not kept:

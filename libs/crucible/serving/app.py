@@ -124,7 +124,9 @@ def create_app(engine: ServingEngine, *, weights_dir: Path | None = None) -> Fas
         engine.check_prompt(body.input_ids)
         grammar = None
         if sampling.ebnf is not None:
-            grammar = await asyncio.to_thread(engine.lark_grammar, sampling.ebnf, param="sampling_params.ebnf")
+            grammar = await asyncio.to_thread(
+                engine.lark_grammar, sampling.ebnf, param="sampling_params.ebnf"
+            )
         params = SamplingParams(
             max_tokens=sampling.max_new_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
             seed=sampling.sampling_seed,
@@ -154,7 +156,9 @@ def create_app(engine: ServingEngine, *, weights_dir: Path | None = None) -> Fas
         """SGLang's weight reload: a Hugging Face checkpoint directory under the server's weights
         directory becomes the served weights, as `weight_version` (default: the next one)."""
         if weights_dir is None:
-            raise RequestError("this server was started without --weights-dir: it loads no weights", param="model_path")
+            raise RequestError(
+                "this server was started without --weights-dir: it loads no weights", param="model_path"
+            )
         root = weights_dir.resolve()
         path = Path(body.model_path).resolve()
         if not path.is_relative_to(root):
@@ -553,7 +557,7 @@ async def _stream_chat(reply, jobs, grammar, tools, logprobs, usage) -> AsyncIte
             }  # fmt: skip
             yield reply.body([chunk], chunk=True)
             continue
-        content, calls, finish = _chat_outcome(job, grammar, tools)
+        _content, calls, finish = _chat_outcome(job, grammar, tools)
         rest = job.text[job.streamed :] if grammar is None else ""  # what was held back
         end: dict[str, Any] = {"content": rest} if rest else {}
         if calls:

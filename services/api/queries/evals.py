@@ -47,7 +47,11 @@ async def list_evals(
     await require_run(session, run_id)
     stmt = select(Evaluation).where(Evaluation.run_id == run_id)
     rows, next_cursor = await paginate(
-        session=session, stmt=stmt, keys=[Evaluation.created_at, Evaluation.eval_id], cursor=cursor, limit=limit
+        session=session,
+        stmt=stmt,
+        keys=[Evaluation.created_at, Evaluation.eval_id],
+        cursor=cursor,
+        limit=limit,
     )
     return Page[EvalOut](items=[await _scored(session, r[0]) for r in rows], next_cursor=next_cursor)
 

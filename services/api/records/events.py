@@ -1,6 +1,7 @@
 """Run events into the run history: `run.status`, `step` (with the trajectories it trained on),
-`checkpoint`, `eval` and `sft` (the warm start, on the run). Each is idempotent: a step or checkpoint is written once per key, a finished or
-failed run does not reopen, and an evaluation's status only moves forward."""
+`checkpoint`, `eval` and `sft` (the warm start, on the run). Each is idempotent: a step or checkpoint is
+written once per key, a finished or failed run does not reopen, and an evaluation's status only moves
+forward."""
 
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ from services.api.records.common import known_run, log, when
 
 
 async def apply_event(*, session: AsyncSession, event: Event) -> None:
-    """Apply one run event: `run.status`, `step`, `checkpoint`, `eval` or `sft`; other kinds are not stored."""
+    """Apply one run event: `run.status`, `step`, `checkpoint`, `eval` or `sft`; other kinds are not
+    stored."""
     data = event.data
     if not isinstance(data, RunStatus | StepReport | CheckpointPublished | EvalReport | WarmStartReport):
         return

@@ -27,12 +27,17 @@ async def get_keys(session: SessionDep) -> list[KeyOut]:
 
 @router.post(
     "/{key_id}/revoke",
-    responses={404: {"description": "No key with this id."}, 409: {"description": "A key cannot revoke itself."}},
+    responses={
+        404: {"description": "No key with this id."},
+        409: {"description": "A key cannot revoke itself."},
+    },
 )
 async def post_revoke(key_id: IdPath, session: SessionDep, caller: KeyDep) -> KeyOut:
     """Revoke a key: from now on it is a 401. Revoking a revoked key changes nothing."""
     if key_id == caller.key_id:
-        raise HTTPException(status_code=409, detail="a key cannot revoke itself; revoke it with another admin key")
+        raise HTTPException(
+            status_code=409, detail="a key cannot revoke itself; revoke it with another admin key"
+        )
     info = await revoke_key(session, key_id)
     if info is None:
         raise HTTPException(status_code=404, detail=f"no key {key_id}")

@@ -189,7 +189,7 @@ async def test_request_reply_errors_are_clear_and_the_server_keeps_serving(bus):
     assert {result: answered(result) - n for result, n in before.items()} == dict.fromkeys(before, 1.0)
     started = asyncio.get_running_loop().time()
     nobody = Endpoint("nobody.home", SampleRequest, SampleReply)
-    with pytest.raises(BusTimeout, match="no service answers nobody.home"):
+    with pytest.raises(BusTimeout, match=r"no service answers nobody\.home"):
         await bus.request(nobody, SampleRequest(run_id="r", taskset="t"), timeout=30)
     assert asyncio.get_running_loop().time() - started < 10, "no responders must not wait out the timeout"
 
@@ -241,7 +241,8 @@ async def test_watch_sees_latest_per_subject_then_new_ones(bus):
     ref = ObjectRef(uri="s3://b/k", sha256="0" * 64, size=1)
     for run, version in [("a", 0), ("a", 1), ("b", 0)]:
         await bus.publish(
-            subjects.weights_announced(run), WeightsAnnounced(run_id=run, version=version, step=0, manifest=ref)
+            subjects.weights_announced(run),
+            WeightsAnnounced(run_id=run, version=version, step=0, manifest=ref),
         )
     seen: list[tuple[str, int]] = []
 
@@ -249,7 +250,9 @@ async def test_watch_sees_latest_per_subject_then_new_ones(bus):
         seen.append((message.run_id, message.version))
 
     await bus.watch(subjects.WEIGHTS_ANNOUNCED_ALL, WeightsAnnounced, on, last_per_subject=True)
-    await bus.publish(subjects.weights_announced("a"), WeightsAnnounced(run_id="a", version=2, step=4, manifest=ref))
+    await bus.publish(
+        subjects.weights_announced("a"), WeightsAnnounced(run_id="a", version=2, step=4, manifest=ref)
+    )
     for _ in range(50):
         if ("a", 2) in seen and ("b", 0) in seen:
             break
@@ -278,7 +281,9 @@ async def test_a_message_never_acked_is_dead_lettered_not_dropped(bus, run):
     assert "delivered 3 times without being acknowledged" in letter.reason
 
 
-async def test_a_request_sent_from_another_connection_right_after_serve_returns_is_answered(bus, common_settings):
+async def test_a_request_sent_from_another_connection_right_after_serve_returns_is_answered(
+    bus, common_settings
+):
     # A service says "ready" as soon as `serve` returns; a client on its own connection may ask at once.
     client = await Bus.connect(common_settings(), store=bus.store, name="client")
     try:
@@ -367,7 +372,7 @@ class FlakyProxy:
         await self.server.wait_closed()
 
 
-async def held_through_an_outage(bus: Bus, consumer: Bus, run: str, handler, heal) -> None:  # noqa: ANN001
+async def held_through_an_outage(bus: Bus, consumer: Bus, run: str, handler, heal) -> None:
     """Consume the run's EVENTS with `consumer` and max_deliver=1 until its work has found a dependency
     away twice (more tries than max_deliver allows deliveries) without the handler finishing, then
     `heal()` and wait for the handler; no dead letter may be written."""
@@ -381,9 +386,15 @@ async def held_through_an_outage(bus: Bus, consumer: Bus, run: str, handler, hea
     stop = asyncio.Event()
     task = asyncio.create_task(
         consumer.consume(
-            stream=subjects.EVENTS, durable=f"test-{run}", filter_subject=f"events.{run}.>",
-            handler=handle, message_type=Note, stop=stop, ack_wait=30.0, max_deliver=1,
-        )  # fmt: skip
+            stream=subjects.EVENTS,
+            durable=f"test-{run}",
+            filter_subject=f"events.{run}.>",
+            handler=handle,
+            message_type=Note,
+            stop=stop,
+            ack_wait=30.0,
+            max_deliver=1,
+        )
     )
     try:
         loop = asyncio.get_running_loop()
@@ -413,7 +424,9 @@ async def test_a_claim_check_is_held_through_an_object_store_outage_not_dead_let
     proxy = FlakyProxy(settings.s3_endpoint)
     outage = settings.model_copy(update={"s3_endpoint": await proxy.start()})
     consumer = await Bus.connect(outage, store=ObjectStore.from_settings(outage), name="test-outage")
-    await bus.publish(subjects.events(run, "big"), event("big", blob="y" * 50_000), claim_prefix=f"runs/{run}/events")
+    await bus.publish(
+        subjects.events(run, "big"), event("big", blob="y" * 50_000), claim_prefix=f"runs/{run}/events"
+    )
     read: list[str] = []
 
     async def handler(message: Note) -> None:
@@ -473,7 +486,8 @@ async def test_object_store_failures_are_unavailable_and_a_missing_object_is_not
         with pytest.raises(ObjectNotFound):
             await store.get_bytes(f"s3://{settings.s3_bucket}/tests/{run}/missing")
         wrong = ObjectStore.from_settings(away.model_copy(update={"s3_secret_key": "not-the-key"}))
-        with pytest.raises(Unavailable, match="refused"):  # a bad credential is the deployment's, not the data's
+        # a bad credential is the deployment's, not the data's
+        with pytest.raises(Unavailable, match="refused"):
             await wrong.get_bytes(ref)
     finally:
         await proxy.close()

@@ -89,29 +89,43 @@ async def test_forgeries_are_refused_and_the_allowed_traffic_flows(buses):
     announced = WeightsAnnounced(run_id=RUN, version=7, step=7, manifest=REF)
     forgeries = {
         # a graded trajectory paid 1.0, from anyone but a grader
-        **{f"graded by {who}": buses[who].publish(subjects.graded(RUN), graded()) for who in
-           ("trainer", "rollout", "api", "sandbox", "catalog", "checkpoints")},
+        **{
+            f"graded by {who}": buses[who].publish(subjects.graded(RUN), graded())
+            for who in ("trainer", "rollout", "api", "sandbox", "catalog", "checkpoints")
+        },
         # a live run marked finished, by a service that does not end runs
-        **{f"run ended by {who}": buses[who].publish(subjects.run_finished(RUN), finished) for who in
-           ("grader", "sandbox", "catalog", "checkpoints")},
-        **{f"status by {who}": buses[who].publish(status.subject, status) for who in
-           ("grader", "sandbox", "catalog", "checkpoints")},
+        **{
+            f"run ended by {who}": buses[who].publish(subjects.run_finished(RUN), finished)
+            for who in ("grader", "sandbox", "catalog", "checkpoints")
+        },
+        **{
+            f"status by {who}": buses[who].publish(status.subject, status)
+            for who in ("grader", "sandbox", "catalog", "checkpoints")
+        },
         # a weight version nobody trained, announced to every rollout
-        **{f"weights by {who}": buses[who].publish(subjects.weights_announced(RUN), announced) for who in
-           ("trainer", "rollout", "grader", "api")},
+        **{
+            f"weights by {who}": buses[who].publish(subjects.weights_announced(RUN), announced)
+            for who in ("trainer", "rollout", "grader", "api")
+        },
         # the hidden tests and reference patch, asked by a service that has no use for them
-        **{f"secret by {who}": buses[who].request(endpoints.CATALOG_SECRET, TaskRequest(task_id="t"))
-           for who in ("rollout", "api", "sandbox", "checkpoints")},
+        **{
+            f"secret by {who}": buses[who].request(endpoints.CATALOG_SECRET, TaskRequest(task_id="t"))
+            for who in ("rollout", "api", "sandbox", "checkpoints")
+        },
         "run created by the rollouts": buses["rollout"].publish(subjects.run_created(RUN), finished),
-        "graded read by the rollouts": buses["rollout"].latest(subjects.GRADED, subjects.graded(RUN), GradedTrajectory),
-    }  # fmt: skip
+        "graded read by the rollouts": buses["rollout"].latest(
+            subjects.GRADED, subjects.graded(RUN), GradedTrajectory
+        ),
+    }
     outcomes = await asyncio.gather(*(refused(call) for call in forgeries.values()), return_exceptions=True)
     for name, outcome in zip(forgeries, outcomes, strict=True):
         assert isinstance(outcome, str) and "refused" in outcome, (name, outcome)
 
     # The same kinds of message from the services whose rows allow them.
     async def secret(request: TaskRequest) -> TaskReply:
-        hidden = TaskSecret(task_id=request.task_id, hidden_tests=REF, test_command=["pytest"], reference_patch="")
+        hidden = TaskSecret(
+            task_id=request.task_id, hidden_tests=REF, test_command=["pytest"], reference_patch=""
+        )
         return TaskReply(task=SPEC, secret=hidden)
 
     await buses["catalog"].serve(endpoints.CATALOG_SECRET, secret)
@@ -139,7 +153,9 @@ async def test_a_service_reads_no_other_inbox_and_changes_no_stream(buses):
     await until(lambda: {"_inbox.grader.>", subjects.CATALOG_SECRET} <= trainer.refused.keys())
 
     async def secret(request: TaskRequest) -> TaskReply:
-        hidden = TaskSecret(task_id=request.task_id, hidden_tests=REF, test_command=["pytest"], reference_patch="")
+        hidden = TaskSecret(
+            task_id=request.task_id, hidden_tests=REF, test_command=["pytest"], reference_patch=""
+        )
         return TaskReply(task=SPEC, secret=hidden)
 
     await buses["catalog"].serve(endpoints.CATALOG_SECRET, secret)

@@ -25,8 +25,15 @@ class Order(Message, tag="test.order.v1"):
 async def _consume(bus: Bus, subject: str, durable: str, handler, until) -> None:
     stop = asyncio.Event()
     task = asyncio.create_task(
-        bus.consume(stream=subjects.EVENTS, durable=durable, filter_subject=subject, handler=handler,
-                    message_type=Order, stop=stop, max_deliver=2)  # fmt: skip
+        bus.consume(
+            stream=subjects.EVENTS,
+            durable=durable,
+            filter_subject=subject,
+            handler=handler,
+            message_type=Order,
+            stop=stop,
+            max_deliver=2,
+        )
     )
     for _ in range(200):  # observed: the condition, or 10 s
         if await until():
@@ -56,7 +63,9 @@ async def test_a_dead_letter_is_listed_shown_replayed_and_processed(bus, common_
     env = {"CRUCIBLE_NATS_URL": common_settings().nats_url}
     listed = crucible("deadletters", "list", "--stream", subjects.EVENTS, "--limit", "500", "--json", env=env)
     assert listed.returncode == 0, listed.stderr
-    assert {"seq": seq, "subject": subject} in [{"seq": r["seq"], "subject": r["subject"]} for r in json.loads(listed.stdout)]
+    assert {"seq": seq, "subject": subject} in [
+        {"seq": r["seq"], "subject": r["subject"]} for r in json.loads(listed.stdout)
+    ]
     shown = crucible("deadletters", "show", str(seq), env=env)
     assert shown.returncode == 0 and json.loads(shown.stdout)["message"]["item"] == "widget"
 
