@@ -33,6 +33,7 @@ import nats
 import nats.errors
 import nats.js.errors
 import structlog
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RetentionPolicy, StorageType, StreamConfig
 from prometheus_client import Counter, Gauge, Histogram
@@ -56,16 +57,21 @@ CONNECT_ATTEMPTS = 5
 NO_RESPONDERS_GRACE_S = 0.5
 HOLD_BEAT_S = 5.0
 """Ack-deadline extension while a message is held through an outage: well under any consumer's ack wait."""
-_VIOLATION = re.compile(r'permissions violation for (?:publish|subscription) to "(?P<subject>[^"]+)"', re.IGNORECASE)
+_VIOLATION = re.compile(
+    r'permissions violation for (?:publish|subscription) to "(?P<subject>[^"]+)"', re.IGNORECASE
+)
 TRANSIENT_CODES = frozenset({"busy", "shutting_down", "unavailable"})
 """Error codes of a reply that say the service cannot do it now, not that the request is wrong."""
 
 REQUESTS = Counter(
-    "crucible_bus_requests_total", "Requests answered, by subject and result (ok or the error code)",
+    "crucible_bus_requests_total",
+    "Requests answered, by subject and result (ok or the error code)",
     ["subject", "result"],
 )
 REQUEST_SECONDS = Histogram(
-    "crucible_bus_request_seconds", "Time to answer a request, by subject", ["subject"],
+    "crucible_bus_request_seconds",
+    "Time to answer a request, by subject",
+    ["subject"],
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300),
 )
 IN_FLIGHT = Gauge("crucible_bus_requests_in_flight", "Requests being handled now, by subject", ["subject"])
@@ -196,7 +202,7 @@ Handler = Callable[[Any, Delivery], Awaitable[None]]
 class Bus:
     def __init__(
         self,
-        nc: nats.NATS,
+        nc: NATS,
         *,
         store: ObjectStore | None,
         name: str,
@@ -226,7 +232,10 @@ class Bus:
         async def on_error(exc: Exception) -> None:
             text = str(exc)
             if not hopeless.done():
-                if isinstance(exc, nats.errors.AuthorizationError) or "authorization violation" in text.lower():
+                if (
+                    isinstance(exc, nats.errors.AuthorizationError)
+                    or "authorization violation" in text.lower()
+                ):
                     hopeless.set_result(
                         f"refused {who} (Authorization Violation): a server that admits only bus identities "
                         "needs this service's seed in CRUCIBLE_NATS_NKEY_FILE"
@@ -241,7 +250,9 @@ class Bus:
                 refused[found["subject"].lower()] = text
             log.warning("nats error", error=text)
 
-        options: dict[str, Any] = {"nkeys_seed": str(settings.nats_nkey_file)} if settings.nats_nkey_file else {}
+        options: dict[str, Any] = (
+            {"nkeys_seed": str(settings.nats_nkey_file)} if settings.nats_nkey_file else {}
+        )
         if settings.nats_tls_ca_file:
             options["tls"] = ssl.create_default_context(cafile=str(settings.nats_tls_ca_file))
         # A few attempts to come up; once connected, reconnect for as long as it takes.
@@ -281,8 +292,9 @@ class Bus:
 
     async def ensure_streams(self) -> None:
         """Create each stream of `subjects.STREAMS` that is missing, and bring one that differs to this
-        version's configuration. Changing a stream is the operator's right alone (`crucible.contracts.access`):
-        a service the server refuses it logs the difference and goes on with the stream as it is."""
+        version's configuration. Changing a stream is the operator's right alone
+        (`crucible.contracts.access`): a service the server refuses it logs the difference and goes on with
+        the stream as it is."""
         for stream in subjects.STREAMS.values():
             config = _stream_config(stream)
             try:
@@ -292,13 +304,16 @@ class Bus:
                     await self.js.update_stream(config)
                 except (nats.errors.TimeoutError, TimeoutError) as exc:
                     update = f"$JS.API.STREAM.UPDATE.{stream.name}"
-                    failure = self._failure(update, BusUnavailable(f"updating stream {stream.name} timed out"))
+                    failure = self._failure(
+                        update, BusUnavailable(f"updating stream {stream.name} timed out")
+                    )
                     if not isinstance(failure, BusRefused):
                         raise failure from exc
                     log.warning(
-                        "stream differs from this version's configuration; the operator's identity updates it "
-                        "(crucible up, or crucible bus setup)", stream=stream.name,
-                    )  # fmt: skip
+                        "stream differs from this version's configuration; "
+                        "the operator's identity updates it (crucible up, or crucible bus setup)",
+                        stream=stream.name,
+                    )
 
     async def close(self) -> None:
         if self.nc.is_connected:
@@ -310,15 +325,21 @@ class Bus:
 
     # --- encoding with claim checks -------------------------------------------------------------
 
-    async def _pack(self, subject: str, message: Message, claim_prefix: str | None) -> tuple[bytes, dict[str, str]]:
+    async def _pack(
+        self, subject: str, message: Message, claim_prefix: str | None
+    ) -> tuple[bytes, dict[str, str]]:
         data = encode(message)
         if len(data) <= self.claim_check_bytes:
             return data, {}
         if self.store is None:
-            raise BusError(f"{len(data)} byte message on {subject} needs the object store, and this bus has none")
+            raise BusError(
+                f"{len(data)} byte message on {subject} needs the object store, and this bus has none"
+            )
         # Content-addressed: a republished message never overwrites the bytes an earlier one points at.
         digest = hashlib.sha256(data).hexdigest()
-        ref = await self.store.put_bytes(f"{claim_prefix or bus_claim_prefix(subject)}/{digest}.msgpack", data)
+        ref = await self.store.put_bytes(
+            f"{claim_prefix or bus_claim_prefix(subject)}/{digest}.msgpack", data
+        )
         return msgspec.msgpack.encode(ref), {CLAIM_HEADER: "1"}
 
     async def _unpack(self, data: bytes, headers: dict[str, str] | None, type_: type[M]) -> M:
@@ -465,7 +486,9 @@ class Bus:
         except Exception as exc:  # a handler bug must not stop the consumer
             delivery.held = False
             reason = f"{type(exc).__name__}: {exc}"
-            log.warning("handler failed", stream=stream, consumer=durable, attempt=delivery.attempt, error=reason)
+            log.warning(
+                "handler failed", stream=stream, consumer=durable, attempt=delivery.attempt, error=reason
+            )
             if delivery.attempt >= max_deliver:
                 await self.dead_letter(msg, stream=stream, consumer=durable, reason=reason)
             else:
@@ -509,7 +532,9 @@ class Bus:
             return
         await self._settle(msg.term())
 
-    async def dead_letters(self, *, stream: str | None = None, limit: int = 50) -> list[tuple[int, DeadLetter]]:
+    async def dead_letters(
+        self, *, stream: str | None = None, limit: int = 50
+    ) -> list[tuple[int, DeadLetter]]:
         """The newest dead letters (of `stream`'s consumers, or of every stream), newest first, each with
         its sequence number on the dead-letter stream."""
         state = (await self.js.stream_info(subjects.DEAD_LETTER)).state
@@ -552,12 +577,19 @@ class Bus:
         except nats.js.errors.NotFoundError:
             return None
         except (nats.errors.Error, TimeoutError) as exc:
-            failed = BusUnavailable(f"reading the newest message on {subject} failed: {type(exc).__name__}: {exc}")
+            failed = BusUnavailable(
+                f"reading the newest message on {subject} failed: {type(exc).__name__}: {exc}"
+            )
             raise self._failure(f"$JS.API.STREAM.MSG.GET.{stream}", failed) from exc
         return await self._unpack(raw.data or b"", dict(raw.headers or {}), type_)
 
     async def watch(
-        self, subject: str, type_: type[M], callback: Callable[[M], Awaitable[None]], *, last_per_subject: bool = False
+        self,
+        subject: str,
+        type_: type[M],
+        callback: Callable[[M], Awaitable[None]],
+        *,
+        last_per_subject: bool = False,
     ) -> Any:
         """Follow a stream subject with an ordered, ephemeral consumer: new messages only, or first the
         newest message of every matching subject and then new ones."""
@@ -598,7 +630,9 @@ class Bus:
                 await asyncio.sleep(pause)
                 pause *= 2
             except nats.errors.TimeoutError as exc:
-                raise self._failure(subject, BusTimeout(f"no reply on {subject} within {timeout:.1f}s")) from exc
+                raise self._failure(
+                    subject, BusTimeout(f"no reply on {subject} within {timeout:.1f}s")
+                ) from exc
         reply_headers = dict(reply.headers or {})
         if reply_headers.get(ERROR_HEADER):
             err = msgspec.msgpack.decode(reply.data, type=_ErrorReply)
@@ -644,7 +678,10 @@ class Bus:
                 if isinstance(exc, RequestError):
                     result, detail = exc.code, exc.detail
                 else:
-                    result, detail = ("bad_request" if isinstance(exc, ContractError) else "unavailable"), str(exc)
+                    result, detail = (
+                        ("bad_request" if isinstance(exc, ContractError) else "unavailable"),
+                        str(exc),
+                    )
                 data, headers = msgspec.msgpack.encode(_ErrorReply(result, detail)), {ERROR_HEADER: "1"}
             except Exception as exc:  # never let one request take the service down
                 log.exception("request handler failed", subject=subject)

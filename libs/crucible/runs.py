@@ -16,7 +16,7 @@ import time
 
 from crucible.bus import Bus
 from crucible.contracts import subjects
-from crucible.contracts.events import Event, RunStatus
+from crucible.contracts.events import Event, RunStatus, RunStatusName
 from crucible.contracts.messages import RunCreated, RunFinished
 from crucible.contracts.runconfig import RunConfig
 
@@ -33,7 +33,7 @@ async def run_end(bus: Bus, run_id: str) -> RunFinished | None:
 
 
 async def end_run(
-    bus: Bus, *, run_id: str, status: str, step: int, version: int, error: str = "", source: str
+    bus: Bus, *, run_id: str, status: RunStatusName, step: int, version: int, error: str = "", source: str
 ) -> RunFinished:
     """End the run as `status` unless it has ended already; returns the end that stands."""
     end = RunFinished(

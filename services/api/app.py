@@ -36,8 +36,9 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 MAX_ERRORS, MAX_ERROR_CHARS = 20, 300
 
 
-async def _invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+async def _invalid(_request: Request, exc: Exception) -> JSONResponse:
     """A 422 naming what is wrong where, never echoing the input back (it may be megabytes)."""
+    assert isinstance(exc, RequestValidationError)
     detail = [
         {
             "type": str(error.get("type", ""))[:MAX_ERROR_CHARS],
@@ -59,7 +60,7 @@ async def _http_error(request: Request, exc: Exception) -> Response:
             m
             for r in request.app.routes
             if isinstance(r, APIRoute) and r.path_regex.match(path)
-            for m in r.methods
+            for m in r.methods or ()
         }
         exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(methods))}
     return await http_exception_handler(request, exc)
@@ -164,8 +165,12 @@ async def setup(rt: Runtime[Settings]) -> None:
     )
     rt.spawn(
         run_cleanup(
-            bus=rt.bus, store=rt.store, sessionmaker=sessionmaker, stop=rt.stopping,
-            after_s=settings.release_objects_after_s, every_s=settings.cleanup_every_s,
+            bus=rt.bus,
+            store=rt.store,
+            sessionmaker=sessionmaker,
+            stop=rt.stopping,
+            after_s=settings.release_objects_after_s,
+            every_s=settings.cleanup_every_s,
             graded_durable=settings.graded_durable,
         ),
         name="cleanup",

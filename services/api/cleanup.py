@@ -43,6 +43,8 @@ async def settled(bus: Bus, run_id: str, *, graded_durable: str) -> bool:
     except nats.js.errors.NotFoundError:
         return True  # nothing was graded (or the stream's limits retired it all)
     consumer = await bus.js.consumer_info(subjects.GRADED, graded_durable)
+    # Optional in nats-py's types, always sent by the server for a consumer and a stored message
+    assert consumer.ack_floor is not None and last.seq is not None
     return consumer.ack_floor.stream_seq >= last.seq
 
 
@@ -88,11 +90,16 @@ async def run_cleanup(
     every_s: float,
     graded_durable: str,
 ) -> None:
-    """Release ended runs' objects every `every_s` until `stop`; an outage or a bug waits for the next round."""
+    """Release ended runs' objects every `every_s` until `stop`; an outage or a bug waits for the next
+    round."""
     while not stop.is_set():
         try:
             await release_ended_runs(
-                bus=bus, store=store, sessionmaker=sessionmaker, after_s=after_s, graded_durable=graded_durable
+                bus=bus,
+                store=store,
+                sessionmaker=sessionmaker,
+                after_s=after_s,
+                graded_durable=graded_durable,
             )
         except (Unavailable, nats.errors.Error, TimeoutError, OSError) as exc:
             log.warning("could not release trajectory objects this round", error=repr(exc))

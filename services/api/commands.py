@@ -38,7 +38,8 @@ class Conflict(RuntimeError):
 
 
 class Unservable(ValueError):
-    """A run config the catalog or the sandbox cannot serve: a 422 naming the field, like any validation error."""
+    """A run config the catalog or the sandbox cannot serve: a 422 naming the field, like any validation
+    error."""
 
     def __init__(self, loc: tuple[str, ...], msg: str) -> None:
         super().__init__(msg)
@@ -59,7 +60,9 @@ class ConfigCheck:
         self.silent_until = {"catalog": 0.0, "sandbox": 0.0}
 
     async def __call__(self, bus: Bus, config: RunConfig) -> None:
-        needs = [(("tasks",), config.tasks.taskset, "train", config.tasks.difficulties)]
+        needs: list[tuple[tuple[str, ...], str, str, list[int] | None]] = [
+            (("tasks",), config.tasks.taskset, "train", config.tasks.difficulties)
+        ]
         if config.eval.every_versions or config.eval.at_end:
             needs.append((("eval",), config.eval.taskset or config.tasks.taskset, config.eval.split, None))
         for section, taskset, split, difficulties in needs:
@@ -71,7 +74,8 @@ class ConfigCheck:
         if limits is not None and config.schedule.group_size > limits.max_fork:
             raise Unservable(
                 ("body", "config", "schedule", "group_size"),
-                f"a sandbox replica forks at most {limits.max_fork} copies of a workspace, one per episode of a group",
+                f"a sandbox replica forks at most {limits.max_fork} copies of a workspace, "
+                "one per episode of a group",
             )
 
     async def _ask(self, bus: Bus, service: str, endpoint: Endpoint[Q, R], request: Q) -> R | None:
@@ -87,7 +91,11 @@ class ConfigCheck:
 
 
 def _check_reply(
-    section: tuple[str, ...], taskset: str, split: str, difficulties: list[int] | None, held: dict[str, list[int]]
+    section: tuple[str, ...],
+    taskset: str,
+    split: str,
+    difficulties: list[int] | None,
+    held: dict[str, list[int]],
 ) -> None:
     if not held:
         raise Unservable(("body", "config", *section, "taskset"), f"the catalog has no task set {taskset!r}")
@@ -99,8 +107,8 @@ def _check_reply(
     if difficulties and not set(difficulties) & set(held[split]):
         raise Unservable(
             ("body", "config", *section, "difficulties"),
-            f"task set {taskset!r} has no {split} tasks of difficulty {', '.join(map(str, sorted(difficulties)))};"
-            f" it has {', '.join(map(str, held[split]))}",
+            f"task set {taskset!r} has no {split} tasks of difficulty "
+            f"{', '.join(map(str, sorted(difficulties)))}; it has {', '.join(map(str, held[split]))}",
         )
 
 
@@ -114,9 +122,9 @@ async def create_run(
 ) -> RunOut:
     """Record the run, then announce it on `runs.<run_id>.created` (de-duplicated by run id).
 
-    A config the catalog or the sandbox cannot serve is refused first (`Unservable`). The row is committed before the
-    announcement, so every event about the run finds it. If the announcement fails the run is marked
-    failed with the reason, and the caller gets `Unavailable`.
+    A config the catalog or the sandbox cannot serve is refused first (`Unservable`). The row is committed
+    before the announcement, so every event about the run finds it. If the announcement fails the run is
+    marked failed with the reason, and the caller gets `Unavailable`.
     """
     if bus is not None and check is not None:
         await check(bus, config)
@@ -161,9 +169,14 @@ async def cancel_run(*, session: AsyncSession, bus: Bus | None, run_id: str) -> 
     version = await session.scalar(select(func.max(Checkpoint.version)).where(Checkpoint.run_id == run_id))
     try:
         ended = await end_run(
-            bus, run_id=run_id, status="cancelled", step=step or 0, version=-1 if version is None else version,
-            error="cancelled by an operator", source="api",
-        )  # fmt: skip
+            bus,
+            run_id=run_id,
+            status="cancelled",
+            step=step or 0,
+            version=-1 if version is None else version,
+            error="cancelled by an operator",
+            source="api",
+        )
     except Exception as exc:  # nats raises many unrelated types when the server is away
         raise Unavailable(f"run {run_id} not cancelled, the bus is unavailable: {exc!r}") from exc
     if ended.status != "cancelled":  # the trainer (or the rollouts) ended it first

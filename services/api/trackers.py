@@ -1,14 +1,14 @@
 """Experiment trackers: a run's step metrics, warm start and finished evaluations, also sent to the
 trackers its config names (`trackers = ["tensorboard", "mlflow", "wandb"]`).
 
-The api is where all three meet (steps and warm starts arrive as events, an evaluation's numbers exist
-once its last episode is graded), so its ingest forwards them here after storing them. Names:
-`train/<metric>` at the optimizer step, `sft/loss` after each warm-start step (1-based, like RL steps), `eval/<split>/<measure>` at
-the step of the evaluated version. Writers are the libraries' own: TensorBoard event files
-(tensorboardX, which needs no torch) under `<tracking_dir>/tensorboard/<run>`, an MLflow run per
-Crucible run (tag `crucible.run_id`) at `mlflow_tracking_uri` (default: an SQLite store,
-`<tracking_dir>/mlflow.db`), a Weights & Biases run (`wandb_mode`, offline by default) under `<tracking_dir>`.
-A tracker that fails is logged and skipped: the run history in PostgreSQL is the record, trackers a copy.
+The api is where all three meet (steps and warm starts arrive as events, an evaluation's numbers exist once
+its last episode is graded), so its ingest forwards them here after storing them. Names: `train/<metric>` at
+the optimizer step, `sft/loss` after each warm-start step (1-based, like RL steps), `eval/<split>/<measure>`
+at the step of the evaluated version. Writers are the libraries' own: TensorBoard event files (tensorboardX,
+which needs no torch) under `<tracking_dir>/tensorboard/<run>`, an MLflow run per Crucible run (tag
+`crucible.run_id`) at `mlflow_tracking_uri` (default: an SQLite store, `<tracking_dir>/mlflow.db`), a
+Weights & Biases run (`wandb_mode`, offline by default) under `<tracking_dir>`. A tracker that fails is logged
+and skipped: the run history in PostgreSQL is the record, trackers a copy.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -36,14 +36,22 @@ from services.api.queries.evals import get_eval
 log = structlog.get_logger("crucible.api")
 EVAL_MEASURES = ("pass_at_1", "pass_at_k", "resolved_rate")
 
+WandbMode = Literal["offline", "online", "disabled"]
+
 
 class Trackers:
     """Writers per (run, tracker), opened on a run's first metric."""
 
-    def __init__(self, *, root: Path, mlflow_tracking_uri: str | None = None, wandb_mode: str = "offline") -> None:
+    def __init__(
+        self,
+        *,
+        root: Path,
+        mlflow_tracking_uri: str | None = None,
+        wandb_mode: WandbMode = "offline",
+    ) -> None:
         self.root = root
         self.mlflow_uri = mlflow_tracking_uri or f"sqlite:///{(root / 'mlflow.db').resolve()}"
-        self.wandb_mode = wandb_mode
+        self.wandb_mode: WandbMode = wandb_mode
         self._writers: dict[tuple[str, str], Any] = {}
         self._logged_evals: set[str] = set()
         self._lock = asyncio.Lock()
@@ -51,7 +59,9 @@ class Trackers:
     async def observe_event(self, session: AsyncSession, event: Event) -> None:
         data = event.data
         if isinstance(data, StepReport):
-            await self._log(session, event.run_id, [(data.step, {f"train/{k}": v for k, v in data.metrics.items()})])
+            await self._log(
+                session, event.run_id, [(data.step, {f"train/{k}": v for k, v in data.metrics.items()})]
+            )
         elif isinstance(data, WarmStartReport):
             points = [(1 + i * data.loss_every, {"sft/loss": loss}) for i, loss in enumerate(data.losses)]
             await self._log(session, event.run_id, points)
@@ -89,7 +99,9 @@ class Trackers:
         }
         await self._log(session, result.run_id, [(step, metrics)])
 
-    async def _log(self, session: AsyncSession, run_id: str, points: list[tuple[int, dict[str, float]]]) -> None:
+    async def _log(
+        self, session: AsyncSession, run_id: str, points: list[tuple[int, dict[str, float]]]
+    ) -> None:
         names = await self._names(session, run_id)
         points = [(step, metrics) for step, metrics in points if metrics]
         if not names or not points:
@@ -134,9 +146,13 @@ class Trackers:
         experiment = client.get_experiment_by_name("crucible")
         experiment_id = experiment.experiment_id if experiment else client.create_experiment("crucible")
         found = client.search_runs([experiment_id], filter_string=f"tags.`crucible.run_id` = '{run_id}'")
-        mlflow_run = found[0].info.run_id if found else client.create_run(
-            experiment_id, run_name=run_id, tags={"crucible.run_id": run_id}
-        ).info.run_id
+        mlflow_run = (
+            found[0].info.run_id
+            if found
+            else client.create_run(
+                experiment_id, run_name=run_id, tags={"crucible.run_id": run_id}
+            ).info.run_id
+        )
         return client, mlflow_run
 
     def _wandb(self, run_id: str) -> Any:

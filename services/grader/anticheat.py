@@ -13,8 +13,8 @@ import ast
 import fnmatch
 import posixpath
 
-from unidiff import PatchSet
 from unidiff.errors import UnidiffParseError
+from unidiff.patch import PatchSet
 
 from crucible.pytest_report import TEST_FILE_PATTERNS, is_test_path
 
@@ -88,12 +88,7 @@ def _is_test_module(name: str) -> bool:
 def is_protected(path: str) -> bool:
     """True for test files, test folders, pytest configuration and interpreter start-up hooks."""
     name = path.split("/")[-1]
-    return (
-        is_test_path(path)
-        or name in PYTEST_CONFIG
-        or name in STARTUP_HOOKS
-        or name.endswith(".pth")
-    )
+    return is_test_path(path) or name in PYTEST_CONFIG or name in STARTUP_HOOKS or name.endswith(".pth")
 
 
 def protected_paths(diff: str) -> list[str]:

@@ -32,7 +32,9 @@ class PolicyEngine:
     """The run's model at its newest version and the agent's token format: the byte-level `<act>` format
     of Crucible's presets, or a pretrained model's own tokenizer, chat template and tool calls."""
 
-    def __init__(self, *, config: RunConfig, max_context: int, max_sequences: int = 64, prefill_chunk: int = 256) -> None:
+    def __init__(
+        self, *, config: RunConfig, max_context: int, max_sequences: int = 64, prefill_chunk: int = 256
+    ) -> None:
         self.config = config
         self.policy = PolicySpec.resolve(config, max_context=max_context)
         self.model_config = self.policy.architecture
@@ -88,7 +90,9 @@ class PolicyEngine:
         if error is not None:
             raise error
 
-    async def sample_action(self, state: EpisodeState, *, generator: torch.Generator) -> tuple[str | None, str, bool]:
+    async def sample_action(
+        self, state: EpisodeState, *, generator: torch.Generator
+    ) -> tuple[str | None, str, bool]:
         """Sample `<tool:NAME> ARGS <end>` after the `<act>` already in `state`.
 
         For a tool without arguments (`tokenizer.NO_ARGUMENT_TOOLS`) only the tool token is sampled; the
@@ -136,8 +140,9 @@ class PolicyEngine:
         """A pretrained model's tool call, every token under the grammar, ending with its end-of-turn
         token. Returns (tool name, arguments, context_exhausted); (None, None, False) when the action
         budget ran out before the call closed (the end of turn then follows as an environment token)."""
-        assert self.tool_calls is not None and self.tokenizer is not None
-        tool_calls, eos = self.tool_calls, self.tokenizer.eos_token_id
+        tool_calls, tokenizer = self.tool_calls, self.tokenizer
+        assert tool_calls is not None and tokenizer is not None
+        eos = tokenizer.eos_token_id
         budget = self.config.agent.max_action_tokens
         temperature = self.config.agent.temperature
         matcher = tool_calls.matcher()
@@ -150,7 +155,7 @@ class PolicyEngine:
             state.append_sampled(token, float(logp[token]), version, grammar.TOOL_CALL)
             action.append(token)
             if token == eos:
-                result["call"] = tool_calls.parse(self.tokenizer.decode(action))
+                result["call"] = tool_calls.parse(tokenizer.decode(action))
                 return True
             tool_calls.advance(matcher, token)
             if len(action) >= budget:

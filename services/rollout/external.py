@@ -184,11 +184,14 @@ class ExternalEngine:
             )
         if config.agent.driver != "builtin":
             raise ValueError(
-                "an agent harness drives the replica's own endpoint: an external engine serves the builtin loop"
+                "an agent harness drives the replica's own endpoint: "
+                "an external engine serves the builtin loop"
             )
-        self.tokenizer = self.policy.tokenizer
+        tokenizer, tool_calls = self.policy.tokenizer, self.policy.tool_calls
+        assert tokenizer is not None and tool_calls is not None  # a pretrained model's (a preset is refused)
+        self.tokenizer = tokenizer
         self.model_config = self.policy.architecture
-        self.tool_calls: ToolCallGrammar = self.policy.tool_calls
+        self.tool_calls: ToolCallGrammar = tool_calls
         self.max_context = self.policy.max_context
         self.kind = kind
         self.weights_dir = Path(weights_dir)
@@ -243,7 +246,8 @@ class ExternalEngine:
             )  # fmt: skip
         if len(completion.tokens) != len(completion.logprobs) or len(completion.tokens) > max_tokens:
             raise ExternalEngineError(
-                f"{len(completion.tokens)} tokens with {len(completion.logprobs)} logprobs for at most {max_tokens}"
+                f"{len(completion.tokens)} tokens with {len(completion.logprobs)} logprobs "
+                f"for at most {max_tokens}"
             )
         if completion.versions is not None and any(v != version for v in completion.versions):
             raise ExternalEngineError(
@@ -260,7 +264,7 @@ class ExternalEngine:
         """Append the sampled tokens; True if the completion ended at the end of turn (appended as an
         environment token where the engine left it out of its token ids)."""
         eos = self.tokenizer.eos_token_id
-        for token, logprob in zip(completion.tokens, completion.logprobs):
+        for token, logprob in zip(completion.tokens, completion.logprobs, strict=True):
             state.append_sampled(token, logprob, version, constraint)
         if completion.finish != "stop":
             return False

@@ -88,17 +88,28 @@ class HarnessEpisode:
         async with self.lock:
             self._check(body)
             tokenizer = self.engine.tokenizer
+            assert tokenizer is not None  # a model with tool calls (checked on creation) has its own
             messages = [template_message(i, m) for i, m in enumerate(body.messages)]
             try:
-                new = render_prompt(tokenizer, messages) if not self.history else after_turn(tokenizer, self.history, messages)
+                new = (
+                    render_prompt(tokenizer, messages)
+                    if not self.history
+                    else after_turn(tokenizer, self.history, messages)
+                )
             except ToolCallError as exc:
-                raise RequestError(f"{exc}: an episode's requests keep its conversation verbatim", param="messages") from None
+                raise RequestError(
+                    f"{exc}: an episode's requests keep its conversation verbatim", param="messages"
+                ) from None
             if not turn_fits(self.engine, self.config, self.state, new):
                 self.finish, self.over = "context", True
-                raise RequestError(f"the episode's context of {self.engine.max_context} tokens is spent", param="messages")
+                raise RequestError(
+                    f"the episode's context of {self.engine.max_context} tokens is spent", param="messages"
+                )
             self.state.append_env(new, self.engine.version)
             start = len(self.state)
-            name, arguments, exhausted = await self.engine.sample_tool_call(self.state, generator=self.generator)
+            name, arguments, exhausted = await self.engine.sample_tool_call(
+                self.state, generator=self.generator
+            )
             self.actions += 1
             tokens = self.state.tokens[start:]
             reply: dict[str, Any] = {"role": "assistant", "content": None}
@@ -108,6 +119,7 @@ class HarnessEpisode:
                 reply["content"] = tokenizer.decode(tokens, skip_special_tokens=True)
                 finish = "length"
             else:
+                assert arguments is not None  # a call that closed was parsed whole
                 reply["tool_calls"] = [tool_call(name, arguments)]
                 self.pending = _Action(name, arguments, start, len(self.state), self.state.versions[-1])
                 finish = "tool_calls"
@@ -128,14 +140,23 @@ class HarnessEpisode:
                         "policy_versions": self.state.versions[start:],
                     }
                 ],
-                "usage": {"prompt_tokens": start, "completion_tokens": len(tokens), "total_tokens": len(self.state)},
+                "usage": {
+                    "prompt_tokens": start,
+                    "completion_tokens": len(tokens),
+                    "total_tokens": len(self.state),
+                },
             }
 
     def _logprobs(self, start: int) -> dict[str, list]:
         """The action's tokens with the logprobs recorded for training (no alternatives: the rollout
         keeps none)."""
         state = self.state
-        sampled = [Sampled(t, lp, [], v) for t, lp, v in zip(state.tokens[start:], state.logprobs[start:], state.versions[start:])]
+        sampled = [
+            Sampled(t, lp, [], v)
+            for t, lp, v in zip(
+                state.tokens[start:], state.logprobs[start:], state.versions[start:], strict=True
+            )
+        ]
         return chat_logprobs(self.engine.tokenizer, sampled)
 
     def _check(self, body: ChatCompletionRequest) -> None:
@@ -146,7 +167,9 @@ class HarnessEpisode:
         if sorted(t.function.name for t in body.tools or []) != TOOL_NAMES:
             raise RequestError(f"an episode's tools are the run's: {', '.join(TOOL_NAMES)}", param="tools")
         if self.pending is not None:
-            raise RequestError(f"run the policy's {self.pending.name} call first (POST .../tools/{self.pending.name})")
+            raise RequestError(
+                f"run the policy's {self.pending.name} call first (POST .../tools/{self.pending.name})"
+            )
         if self.actions >= self.config.agent.max_turns:
             self.finish, self.over = "max_turns", True
             raise RequestError(f"the episode's {self.config.agent.max_turns} turns are spent")
@@ -156,7 +179,9 @@ class HarnessEpisode:
         async with self.lock:
             action = self.pending
             if action is None or action.name != name or action.arguments != arguments:
-                raise RequestError("the tool endpoint runs the policy's last call, as the policy made it", param="name")
+                raise RequestError(
+                    "the tool endpoint runs the policy's last call, as the policy made it", param="name"
+                )
             self.pending = None
             args_text = json.dumps(arguments)
             if name == "submit":
@@ -174,9 +199,16 @@ class HarnessEpisode:
     def _record(self, action: _Action, args_text: str, ok: bool, output: str, duration: float) -> None:
         self.calls.append(
             ToolCall(
-                index=len(self.calls), name=action.name, arguments=args_text, ok=ok, output=output,
-                duration_s=duration, token_start=action.start, token_end=action.end, policy_version=action.version,
-            )  # fmt: skip
+                index=len(self.calls),
+                name=action.name,
+                arguments=args_text,
+                ok=ok,
+                output=output,
+                duration_s=duration,
+                token_start=action.start,
+                token_end=action.end,
+                policy_version=action.version,
+            )
         )
 
 
@@ -193,7 +225,9 @@ def episodes_app(episodes: Episodes) -> FastAPI:
     openai_errors(app)
 
     def missing() -> JSONResponse:
-        return JSONResponse(status_code=404, content={"error": {"message": "no such live episode", "type": "not_found"}})
+        return JSONResponse(
+            status_code=404, content={"error": {"message": "no such live episode", "type": "not_found"}}
+        )
 
     @app.get("/episodes/{episode_id}/task")
     async def task(episode_id: str):
@@ -205,7 +239,10 @@ def episodes_app(episodes: Episodes) -> FastAPI:
         episode = episodes.live.get(episode_id)
         if episode is None:
             return missing()
-        return {"object": "list", "data": [{"id": episode.config.model.source, "object": "model", "owned_by": "crucible"}]}
+        return {
+            "object": "list",
+            "data": [{"id": episode.config.model.source, "object": "model", "owned_by": "crucible"}],
+        }
 
     @app.post("/episodes/{episode_id}/v1/chat/completions")
     async def chat(episode_id: str, body: ChatCompletionRequest):
@@ -237,16 +274,26 @@ async def run_harness_episode(
 ) -> Trajectory:
     """Start the harness on one episode, wait for it to end, and make the trajectory of its context."""
     started = time.time()
-    episode = HarnessEpisode(engine=engine, config=config, task=task, session=session, seed=seed, tool_timeout_s=tool_timeout_s)
+    episode = HarnessEpisode(
+        engine=engine, config=config, task=task, session=session, seed=seed, tool_timeout_s=tool_timeout_s
+    )
     episodes.live[episode.id] = episode
     base = f"{episodes.url}/episodes/{episode.id}"
-    env = {**os.environ, "OPENAI_BASE_URL": f"{base}/v1", "OPENAI_API_KEY": episode.id, "CRUCIBLE_EPISODE_URL": base}
+    env = {
+        **os.environ,
+        "OPENAI_BASE_URL": f"{base}/v1",
+        "OPENAI_API_KEY": episode.id,
+        "CRUCIBLE_EPISODE_URL": base,
+    }
     try:
         process = await asyncio.create_subprocess_exec(
-            *(command or [sys.executable, "-m", "crucible.agent.harness"]), env=env,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+            *(command or [sys.executable, "-m", "crucible.agent.harness"]),
+            env=env,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.PIPE,
             start_new_session=True,
-        )  # fmt: skip
+        )
         try:
             _, err = await asyncio.wait_for(process.communicate(), timeout=timeout_s)
         except TimeoutError:
@@ -263,6 +310,14 @@ async def run_harness_episode(
         episodes.live.pop(episode.id, None)
         engine.release(episode.state)
     return episode_trajectory(
-        tokenizer=engine.tokenizer, states=[episode.state], task=task, run_id=run_id, group_id=group_id,
-        calls=episode.calls, finish=episode.finish, diff=await session.diff(), replica=replica, started=started,
+        tokenizer=engine.tokenizer,
+        states=[episode.state],
+        task=task,
+        run_id=run_id,
+        group_id=group_id,
+        calls=episode.calls,
+        finish=episode.finish,
+        diff=await session.diff(),
+        replica=replica,
+        started=started,
     )  # a trajectory id of its own: the episode's was a credential while it lived

@@ -9,6 +9,7 @@ import contextlib
 import time
 import uuid
 from collections.abc import Iterator
+from typing import TypedDict
 
 from redis.exceptions import RedisError
 
@@ -17,7 +18,7 @@ from crucible.clients.checkpoints import WeightsFollower
 from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts import endpoints
 from crucible.contracts.events import Event, RolloutReport
-from crucible.contracts.messages import SampleRequest, Trajectory, WeightsAnnounced
+from crucible.contracts.messages import SampleRequest, TaskSpec, Trajectory, WeightsAnnounced
 from crucible.contracts.runconfig import RunConfig
 from crucible.contracts.trajectories import arrays
 from crucible.outage import Unavailable
@@ -45,6 +46,19 @@ SANDBOX_TTL_S = 600.0  # idle time after which a crashed rollout's sandboxes are
 ERROR_CHARS = 2000
 
 
+class _EpisodeArgs(TypedDict):
+    """What an episode is run with, besides its engine (the builtin loop's and a harness's alike)."""
+
+    config: RunConfig
+    task: TaskSpec
+    session: SandboxSession
+    run_id: str
+    group_id: str
+    seed: int
+    replica: str
+    tool_timeout_s: float
+
+
 class RunWorker:
     """Everything one replica does for one run."""
 
@@ -54,19 +68,27 @@ class RunWorker:
         self.settings = rt.settings
         self.run_id = run_id
         self.config = config
-        self.engine: PolicyEngine | ExternalEngine = (
-            ExternalEngine(
-                config=config, url=self.settings.engine_url, kind=self.settings.engine_kind,
-                weights_dir=self.settings.engine_weights_dir / run_id, max_context=self.settings.max_context,
+        self.engine: PolicyEngine | ExternalEngine
+        if self.settings.engine_url:
+            weights_dir = self.settings.engine_weights_dir
+            assert weights_dir is not None  # required with engine_url (Settings' validator)
+            self.engine = ExternalEngine(
+                config=config,
+                url=self.settings.engine_url,
+                kind=self.settings.engine_kind,
+                weights_dir=weights_dir / run_id,
+                max_context=self.settings.max_context,
                 timeout_s=self.settings.engine_timeout_s,
             )
-            if self.settings.engine_url
-            else PolicyEngine(
-                config=config, max_context=self.settings.max_context, max_sequences=self.settings.max_sequences,
+        else:
+            self.engine = PolicyEngine(
+                config=config,
+                max_context=self.settings.max_context,
+                max_sequences=self.settings.max_sequences,
                 prefill_chunk=self.settings.prefill_chunk,
             )
-        )  # fmt: skip
-        self.weights = WeightsFollower(bus=rt.bus, store=rt.store, run_id=run_id)  # keeps the last full version
+        # keeps the last full version
+        self.weights = WeightsFollower(bus=rt.bus, store=rt.store, run_id=run_id)
         self.new_version = asyncio.Event()
         self.latest_announced = -1
         self.sandboxes = SandboxClient(rt.bus)
@@ -123,7 +145,9 @@ class RunWorker:
                 continue
             await slots.acquire()
             try:
-                index = await try_admit(redis=self.rt.redis, run_id=self.run_id, config=self.config, version=self.engine.version)
+                index = await try_admit(
+                    redis=self.rt.redis, run_id=self.run_id, config=self.config, version=self.engine.version
+                )
             except REDIS_ERRORS as exc:
                 slots.release()
                 await self._away(exc)
@@ -213,10 +237,14 @@ class RunWorker:
             try:
                 published = await publish_trajectory(self.rt.bus, result, stop=self.rt.stopping)
             except Exception as exc:  # not an outage (that is waited out): the trainer times the group out
-                self.rt.log.error("could not publish", run_id=self.run_id, trajectory=result.trajectory_id, error=repr(exc))
+                self.rt.log.error(
+                    "could not publish", run_id=self.run_id, trajectory=result.trajectory_id, error=repr(exc)
+                )
                 continue
             if not published:
-                self.rt.log.warning("stopping; trajectory not published", run_id=self.run_id, trajectory=result.trajectory_id)
+                self.rt.log.warning(
+                    "stopping; trajectory not published", run_id=self.run_id, trajectory=result.trajectory_id
+                )
         await self._report()
 
     async def _group_failed(self, index: int, what: str, exc: BaseException) -> None:
@@ -227,7 +255,9 @@ class RunWorker:
         try:
             await release(redis=self.rt.redis, run_id=self.run_id, index=index)
         except REDIS_ERRORS as redis_exc:  # the index is lost; the trainer asks for lost groups again
-            self.rt.log.warning("could not give a group index back", run_id=self.run_id, error=repr(redis_exc))
+            self.rt.log.warning(
+                "could not give a group index back", run_id=self.run_id, error=repr(redis_exc)
+            )
         if not isinstance(exc, Unavailable):
             self.failed_groups += 1
             if self.failed_groups >= self.settings.max_failed_groups:
@@ -236,7 +266,9 @@ class RunWorker:
                     self.rt.bus, run_id=self.run_id, status="failed", step=0, version=self.engine.version,
                     error=reason[:ERROR_CHARS], source=self.settings.replica,
                 )  # fmt: skip
-                self.rt.log.error("run failed by the rollouts", run_id=self.run_id, status=ended.status, error=reason)
+                self.rt.log.error(
+                    "run failed by the rollouts", run_id=self.run_id, status=ended.status, error=reason
+                )
                 return
         await asyncio.sleep(GROUP_RETRY_S)
 
@@ -248,9 +280,8 @@ class RunWorker:
         async with prepared:
             return await prepared.fork(self.config.schedule.group_size, ttl_s=SANDBOX_TTL_S)
 
-    async def _episode(self, task, group_id: str, seed: int, session: SandboxSession) -> Trajectory:
-        episode = dict(
-            engine=self.engine,
+    async def _episode(self, task: TaskSpec, group_id: str, seed: int, session: SandboxSession) -> Trajectory:
+        episode = _EpisodeArgs(
             config=self.config,
             task=task,
             session=session,
@@ -262,14 +293,16 @@ class RunWorker:
         )
         async with session:
             if self.config.agent.driver == "harness":
+                assert isinstance(self.engine, PolicyEngine)  # an ExternalEngine refuses a harness run
                 trajectory = await run_harness_episode(
                     episodes=self.episodes_endpoint,
                     command=self.settings.harness_command,
                     timeout_s=self.settings.harness_timeout_s,
+                    engine=self.engine,
                     **episode,
                 )
             else:
-                trajectory = await run_episode(**episode)
+                trajectory = await run_episode(engine=self.engine, **episode)
         EPISODES.labels(self.run_id, trajectory.finish_reason).inc()
         n = arrays(trajectory).num_tokens
         TOKENS.labels(self.run_id).inc(n)

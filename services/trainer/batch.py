@@ -6,6 +6,7 @@ and `Batch.from_rows` move per-token values between the two layouts."""
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -33,7 +34,11 @@ class Batch:
         """The same batch with every tensor on `device` (itself when they already are)."""
         if self.tokens_BT.device == device:
             return self
-        moved = {f.name: getattr(self, f.name).to(device) for f in fields(self) if isinstance(getattr(self, f.name), torch.Tensor)}
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
         return replace(self, **moved)
 
     @property
@@ -80,20 +85,21 @@ def collate(trajectories: list[Trajectory], advantages: list[float]) -> Batch:
         return out
 
     routes = None
-    if all(v.routes is not None for v in views):
-        L, k = views[0].routes.shape[1:]
+    routed = [v.routes for v in views if v.routes is not None]
+    if len(routed) == len(views):
+        L, k = routed[0].shape[1:]
         # Padding positions get distinct experts 0..k-1: a valid route whose output is masked out anyway
         # and which valid_BT keeps out of the routers' load.
         routes = torch.arange(k, dtype=torch.long).expand(B, T, L, k).clone()
-        for b, v in enumerate(views):
-            routes[b, : v.num_tokens] = torch.from_numpy(v.routes.astype(np.int64))
+        for b, (v, r) in enumerate(zip(views, routed, strict=True)):
+            routes[b, : v.num_tokens] = torch.from_numpy(r.astype(np.int64))
     # Each context is a model row of its own: row r = (trajectory, context), positions from 0.
     row = torch.zeros(B, T, dtype=torch.long)
     column = torch.full((B, T), T, dtype=torch.long)
     rows = 0
     for b, t in enumerate(trajectories):
         bounds = [*(t.context_starts or [0]), views[b].num_tokens]
-        for start, end in zip(bounds, bounds[1:]):
+        for start, end in itertools.pairwise(bounds):
             row[b, start:end] = rows
             column[b, start:end] = torch.arange(end - start)
             rows += 1

@@ -25,7 +25,7 @@ from crucible.agent.solutions import DemonstrationError
 from crucible.bus import Delivery
 from crucible.clients.checkpoints import load_weights
 from crucible.contracts import ContractError, subjects
-from crucible.contracts.events import RunStatus
+from crucible.contracts.events import RunStatus, RunStatusName
 from crucible.contracts.keys import finished_key
 from crucible.contracts.messages import GradedTrajectory, RunCreated
 from crucible.contracts.trajectories import check_trajectory
@@ -52,7 +52,10 @@ class RunJob:
             self.settings.state_dir.mkdir(parents=True, exist_ok=True)
         self.work_dir = Path(tempfile.mkdtemp(prefix=f"{self.run_id}-", dir=self.settings.state_dir))
         self.states = StateStore(
-            store=rt.store, run_id=self.run_id, work_dir=self.work_dir, world_size=self.config.parallel.world_size
+            store=rt.store,
+            run_id=self.run_id,
+            work_dir=self.work_dir,
+            world_size=self.config.parallel.world_size,
         )
         self.out = RunPublisher(
             bus=rt.bus, store=rt.store, run_id=self.run_id, config=self.config,
@@ -100,9 +103,14 @@ class RunJob:
         policy = await self.start_group()
         books = await self.resume()
         steps = self.steps = RunSteps(
-            rt=self.rt, run_id=self.run_id, config=self.config, policy=policy, states=self.states, out=self.out,
+            rt=self.rt,
+            run_id=self.run_id,
+            config=self.config,
+            policy=policy,
+            states=self.states,
+            out=self.out,
             books=books,
-        )  # fmt: skip
+        )
         await self.out.event(RunStatus(status="running"))
         if books is None:
             await self._initial_weights(policy)
@@ -131,6 +139,7 @@ class RunJob:
 
     async def resume(self) -> Books | None:
         """The newest saved state that reads whole, loaded into the ranks; None for a new run."""
+
         def load(directory: str) -> None:
             if self.policy is None:
                 raise RuntimeError("a saved state can only be loaded into a started worker group")
@@ -146,7 +155,9 @@ class RunJob:
         if init := self.config.model.init:
             run_id, _, version = init.partition("@")
             try:
-                _, state = await load_weights(bus=self.rt.bus, store=self.rt.store, run_id=run_id, version=int(version))
+                _, state = await load_weights(
+                    bus=self.rt.bus, store=self.rt.store, run_id=run_id, version=int(version)
+                )
                 await asyncio.to_thread(policy.load_weights, state)
             except Unavailable:
                 raise  # an outage, not a bad init: the run starts once the checkpoints service answers
@@ -177,7 +188,7 @@ class RunJob:
         if self.config.eval.at_end:
             await self.out.request_eval(steps.version)
 
-    async def _end(self, run_delivery: Delivery, status: str | None, error: str = "") -> None:
+    async def _end(self, run_delivery: Delivery, status: RunStatusName | None, error: str = "") -> None:
         """The run is over: its end announced (unless another service ended it: `status` None), the
         groups nobody will train acked, the run's message acked and its consumer deleted."""
         step, version = (0, -1) if self.steps is None else (self.steps.step, self.steps.version)
@@ -208,7 +219,8 @@ class RunJob:
         for delivery in [] if self.steps is None else self.steps.ledger.held():
             try:
                 await delivery.nak()
-            except Exception as exc:  # the bus is away: with its keep-alive stopped, it returns after ack_wait
+            except Exception as exc:
+                # the bus is away: with its keep-alive stopped, it returns after ack_wait
                 self.rt.log.debug("could not hand back a held trajectory", error=repr(exc))
 
     # -- graded trajectories in ------------------------------------------------------------------------
@@ -237,11 +249,12 @@ class RunJob:
     async def on_graded(self, graded: GradedTrajectory, delivery: Delivery) -> None:
         trajectory = graded.trajectory
         if trajectory.run_id != self.run_id:
-            raise ContractError(f"graded trajectory of run {trajectory.run_id} on run {self.run_id}'s subject")
+            raise ContractError(
+                f"graded trajectory of run {trajectory.run_id} on run {self.run_id}'s subject"
+            )
         check_trajectory(trajectory)  # a non-finite reward is the step's to skip, with its reason
         if trajectory.eval_id:
             return  # an evaluation's episode: graded for the record, never trained on
         assert self.steps is not None  # the consumer starts once the run's progress is known
         if self.steps.ledger.hold(graded, delivery, keep_alive_s=self.settings.heartbeat_s):
             self.steps.arrival()
-

@@ -40,6 +40,8 @@ class RunPublisher:
                     raise
                 self.log.warning("publishing weights failed; retrying", error=repr(exc))
                 await asyncio.sleep(2**attempt)
+        else:  # not reached: the last attempt breaks out or raises
+            raise AssertionError(f"PUBLISH_ATTEMPTS is {PUBLISH_ATTEMPTS}")
         VERSION.labels(self.run_id).set(version)
         size = sum(s.size for s in manifest.shards)
         self.log.info("published weights", version=version, step=step, kind=manifest.kind, bytes=size)

@@ -38,7 +38,9 @@ class RunSteps:
     ) -> None:  # fmt: skip
         self.rt, self.settings, self.run_id, self.config = rt, rt.settings, run_id, config
         self.policy, self.states, self.out = policy, states, out
-        self.step, self.version, self.last_step = (0, -1, None) if books is None else (books.step, books.version, books.last_step)
+        self.step, self.version, self.last_step = (
+            (0, -1, None) if books is None else (books.step, books.version, books.last_step)
+        )
         self.ledger = Ledger(() if books is None else books.trained)
         self.steps_unsaved = 0
         self.dropped_groups = 0  # uniform-reward groups dropped since the last step
@@ -49,7 +51,12 @@ class RunSteps:
 
     async def save(self) -> None:
         """Save the state with everything trained so far; then ack what it trained."""
-        books = Books(step=self.step, version=self.version, trained=sorted(self.ledger.trained), last_step=self.last_step)
+        books = Books(
+            step=self.step,
+            version=self.version,
+            trained=sorted(self.ledger.trained),
+            last_step=self.last_step,
+        )
         await self.states.save(self.policy.save, books)
         self.steps_unsaved = 0
         await self.ledger.saved()
@@ -90,7 +97,9 @@ class RunSteps:
         TRAJECTORIES.labels(self.run_id, "stale").inc(len(plan.stale))
         TRAJECTORIES.labels(self.run_id, "alone").inc(len(plan.alone))
         if not plan.kept:
-            self.rt.log.warning("no trainable trajectories in these groups", run_id=self.run_id, stale=len(plan.stale))
+            self.rt.log.warning(
+                "no trainable trajectories in these groups", run_id=self.run_id, stale=len(plan.stale)
+            )
             await self.ledger.step_untrained()
             return
         trained = [g.trajectory.trajectory_id for g in plan.kept]
@@ -116,9 +125,13 @@ class RunSteps:
         self.dropped_groups = self.skipped_steps = 0
         STEP_SECONDS.observe(metrics["step_seconds"])
         self.last_step = StepReport(
-            step=self.step, version=self.version,  # the version the batch trained against
-            trajectory_ids=trained, dropped_stale_ids=plan.stale, dropped_alone_ids=plan.alone, metrics=metrics,
-        )  # fmt: skip
+            step=self.step,
+            version=self.version,  # the version the batch trained against
+            trajectory_ids=trained,
+            dropped_stale_ids=plan.stale,
+            dropped_alone_ids=plan.alone,
+            metrics=metrics,
+        )
         publish = self.step % self.config.schedule.publish_every == 0
         if publish:
             self.version += 1
@@ -128,7 +141,9 @@ class RunSteps:
         if publish:
             await self.publish()
         await self.out.event(self.last_step)
-        self.rt.log.info("step", run_id=self.run_id, step=self.step, **{k: round(v, 4) for k, v in metrics.items()})
+        self.rt.log.info(
+            "step", run_id=self.run_id, step=self.step, **{k: round(v, 4) for k, v in metrics.items()}
+        )
 
     async def _skip_step(self, exc: NonFiniteStep, trajectory_ids: list[str], *, groups: int) -> None:
         """A step whose numbers are not finite is not taken: nothing is trained, saved or published, its
@@ -143,7 +158,9 @@ class RunSteps:
         await self._refill(groups)
         limit = self.settings.max_nonfinite_steps
         if self.skipped_steps >= limit:
-            raise RunFailed(f"{self.skipped_steps} steps in a row had non-finite {exc.reason} (limit {limit})")
+            raise RunFailed(
+                f"{self.skipped_steps} steps in a row had non-finite {exc.reason} (limit {limit})"
+            )
 
     async def _drop_uniform_groups(self) -> None:
         """DAPO's dynamic sampling: a complete group whose rewards are all equal carries no signal; it is
@@ -172,6 +189,8 @@ class RunSteps:
         key = refills_key(self.run_id)
         try:
             async with self.rt.redis.pipeline(transaction=True) as pipe:
-                await pipe.incrby(key, groups).expire(key, DAY_S).execute()
+                pipe.incrby(key, groups)
+                pipe.expire(key, DAY_S)
+                await pipe.execute()
         except Exception as exc:  # Redis is coordination only: the run may then admit fewer groups
             self.rt.log.warning("could not ask for a refill", run_id=self.run_id, error=repr(exc))

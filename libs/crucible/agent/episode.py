@@ -66,8 +66,12 @@ class Actor(Protocol):
     """What the agent loop needs of whoever chooses the actions."""
 
     tokenizer: Any  # None: the byte-level format
-    tool_calls: ToolCallGrammar | None
     max_context: int
+
+    @property
+    def tool_calls(self) -> ToolCallGrammar | None:
+        """The action grammar of a model with its own tokenizer; None: the byte-level format."""
+        ...
 
     @property
     def version(self) -> int: ...

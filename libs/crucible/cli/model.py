@@ -57,7 +57,11 @@ def info(source: SourceArg, as_json: Annotated[bool, typer.Option("--json")] = F
         typer.echo(json.dumps(summary, indent=2))
         return
     for key, value in summary.items():
-        typer.echo(f"{key:18s} {value:,}" if isinstance(value, int) and not isinstance(value, bool) else f"{key:18s} {value}")
+        typer.echo(
+            f"{key:18s} {value:,}"
+            if isinstance(value, int) and not isinstance(value, bool)
+            else f"{key:18s} {value}"
+        )
 
 
 @model_app.command("import")
@@ -90,7 +94,9 @@ def export(
     out: Annotated[Path, typer.Option("--out", help="Hugging Face directory to write.")],
     checkpoint: Annotated[Path | None, typer.Option(help="A Crucible checkpoint directory.")] = None,
     run: Annotated[str | None, typer.Option(help="A run whose published weights to export.")] = None,
-    version: Annotated[int | None, typer.Option(help="The run's weight version (default: the latest).")] = None,
+    version: Annotated[
+        int | None, typer.Option(help="The run's weight version (default: the latest).")
+    ] = None,
 ) -> None:
     """Write weights as a Hugging Face checkpoint that transformers, vLLM or SGLang load."""
     import shutil
@@ -101,7 +107,11 @@ def export(
     if (checkpoint is None) == (run is None):
         raise _fail("give exactly one of --checkpoint and --run")
     try:
-        model = load_checkpoint(checkpoint) if checkpoint else asyncio.run(_run_model(run, version))
+        if checkpoint is not None:
+            model = load_checkpoint(checkpoint)
+        else:
+            assert run is not None  # exactly one of the two, checked above
+            model = asyncio.run(_run_model(run, version))
         export_pretrained(model, out)
     except (CheckpointError, OSError, ValueError, LookupError) as exc:
         raise _fail(str(exc)) from None
@@ -129,7 +139,7 @@ async def _run_model(run_id: str, version: int | None):
         config = await run_config(bus, run_id)
         if config is None:
             raise LookupError(f"no run {run_id} on the bus at {settings.nats_url}")
-        manifest, state = await load_weights(bus=bus, store=store, run_id=run_id, version=version)
+        _manifest, state = await load_weights(bus=bus, store=store, run_id=run_id, version=version)
     finally:
         await bus.close()
     model = Transformer(model_config(config.model.source), precision="fp32")

@@ -69,7 +69,8 @@ class TaskSecret(msgspec.Struct, kw_only=True):
     test_command: list[str]
     reference_patch: str
     fail_to_pass: list[str] = msgspec.field(default_factory=list)
-    """Test node ids that fail on the snapshot and pass with the reference patch (SWE-bench's FAIL_TO_PASS)."""
+    """Test node ids that fail on the snapshot and pass with the reference patch (SWE-bench's
+    FAIL_TO_PASS)."""
     pass_to_pass: list[str] = msgspec.field(default_factory=list)
     """Test node ids that pass before and after; a fix must not break them (PASS_TO_PASS)."""
     probes: dict[str, Expected] = msgspec.field(default_factory=dict)
@@ -101,7 +102,8 @@ class DescribeRequest(Message, tag="catalog.describe.v1"):
 
 class DescribeReply(Message, tag="catalog.describe_reply.v1"):
     difficulties: dict[str, list[int]]
-    """Split (train, validation, test) to the difficulties it has tasks of, ascending; {} for an unknown set."""
+    """Split (train, validation, test) to the difficulties it has tasks of, ascending; {} for an unknown
+    set."""
 
 
 class SampleReply(Message, tag="catalog.sample_reply.v1"):
@@ -177,7 +179,8 @@ class Probed(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
 
 
 class Expected(msgspec.Struct, kw_only=True, frozen=True, omit_defaults=True):
-    """What a probe test must give to pass, kept out of the sandbox: a value's repr or a builtin error's name."""
+    """What a probe test must give to pass, kept out of the sandbox: a value's repr or a builtin error's
+    name."""
 
     value: str | None = None
     error: str | None = None
@@ -231,23 +234,35 @@ class EvalRequest(Message, tag="eval.request.v1"):
 
     @classmethod
     def for_run(
-        cls, *, eval_id: str, run_id: str, version: int, config: RunConfig, source: str, **overrides: object
+        cls,
+        *,
+        eval_id: str,
+        run_id: str,
+        version: int,
+        config: RunConfig,
+        source: str,
+        taskset: str | None = None,
+        split: str | None = None,
+        samples: int | None = None,
+        max_tasks: int | None = None,
     ) -> EvalRequest:
-        """The request the run's `eval` section describes, with any field overridden."""
-        fields: dict[str, object] = {
-            "taskset": config.eval.taskset or config.tasks.taskset,
-            "split": config.eval.split,
-            "samples": config.eval.samples,
-            "max_tasks": config.eval.max_tasks,
-        }
-        fields |= {name: value for name, value in overrides.items() if value is not None}
+        """The request the run's `eval` section describes, with any field given (not None) overridden."""
         return cls(
-            eval_id=eval_id, run_id=run_id, version=version, source=source, requested_at=time.time(), **fields
+            eval_id=eval_id,
+            run_id=run_id,
+            version=version,
+            source=source,
+            requested_at=time.time(),
+            taskset=taskset if taskset is not None else config.eval.taskset or config.tasks.taskset,
+            split=split if split is not None else config.eval.split,
+            samples=samples if samples is not None else config.eval.samples,
+            max_tasks=max_tasks if max_tasks is not None else config.eval.max_tasks,
         )
 
 
 def scheduled_eval_id(run_id: str, version: int) -> str:
-    """The id of the evaluation a run's schedule asks for at `version` (one per version, however often asked)."""
+    """The id of the evaluation a run's schedule asks for at `version` (one per version, however often
+    asked)."""
     return f"{run_id}-v{version}"
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
@@ -376,7 +377,7 @@ class RunConfig(Section):
         return data
 
     @classmethod
-    def from_toml(cls, text: str, *, overrides: list[str] = ()) -> RunConfig:
+    def from_toml(cls, text: str, *, overrides: Sequence[str] = ()) -> RunConfig:
         """A config from TOML text, then `section.field=value` overrides (values in TOML syntax; a bare
         word is a string). Raises ValueError (pydantic's ValidationError is one) naming what is wrong."""
         try:

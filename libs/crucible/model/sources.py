@@ -15,7 +15,7 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from crucible.model.config import PRESETS, ModelConfig
 
@@ -31,9 +31,12 @@ class SourceError(ValueError):
     """A model source that names nothing loadable; the message says what to do."""
 
 
+SourceKind = Literal["preset", "hf", "gguf"]
+
+
 @dataclass(frozen=True)
 class Source:
-    kind: str  # preset | hf | gguf
+    kind: SourceKind
     value: str  # the preset name or the path
 
 
@@ -43,7 +46,9 @@ def package_file(name: str) -> Path:
     module, filename, distribution = PACKAGES[name]
     spec = importlib.util.find_spec(module)
     if spec is None or not spec.submodule_search_locations:
-        raise SourceError(f"{PACKAGE_PREFIX}{name} needs the {distribution} package: pip install --no-deps {distribution}")
+        raise SourceError(
+            f"{PACKAGE_PREFIX}{name} needs the {distribution} package: pip install --no-deps {distribution}"
+        )
     path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
         raise SourceError(f"{PACKAGE_PREFIX}{name}: {path} is missing from the installed {distribution}")

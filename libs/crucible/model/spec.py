@@ -20,10 +20,18 @@ import json
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from crucible.model.config import PRECISIONS, PRESETS, ModelConfig
-from crucible.model.sources import Source, SourceError, load_initial, read_config, read_tokenizer, resolve
+from crucible.model.sources import (
+    Source,
+    SourceError,
+    SourceKind,
+    load_initial,
+    read_config,
+    read_tokenizer,
+    resolve,
+)
 
 if TYPE_CHECKING:
     from crucible.agent.toolcalls import ToolCallGrammar
@@ -39,7 +47,7 @@ class PolicySpec:
 
     source: str
     """The source as the run config names it (a preset, package:NAME, a path)."""
-    kind: Literal["preset", "hf", "gguf"]
+    kind: SourceKind
     location: str
     """The preset's name, or the checkpoint directory or .gguf file the source resolved to."""
     digest: str
@@ -170,18 +178,18 @@ def _fingerprint(file: Path) -> list[Any]:
 
 
 @lru_cache(maxsize=16)
-def _architecture(kind: str, location: str, digest: str) -> ModelConfig:
+def _architecture(kind: SourceKind, location: str, digest: str) -> ModelConfig:
     return read_config(Source(kind, location))
 
 
 @lru_cache(maxsize=8)
-def _tokenizer(kind: str, location: str, digest: str) -> Any:
+def _tokenizer(kind: SourceKind, location: str, digest: str) -> Any:
     return read_tokenizer(Source(kind, location))
 
 
 @lru_cache(maxsize=8)
 def _agent_grammar(
-    kind: str, location: str, digest: str, vocab_size: int, max_chars: int | None
+    kind: SourceKind, location: str, digest: str, vocab_size: int, max_chars: int | None
 ) -> ToolCallGrammar:
     from crucible.agent.toolcalls import ToolCallGrammar
 

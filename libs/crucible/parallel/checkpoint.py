@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
@@ -24,6 +23,8 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from crucible.parallel.expert import expert_weight_owners
 
@@ -52,14 +53,14 @@ def _state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]
 def save_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path) -> None:
     """Every rank writes its shards of the weights and the optimizer state into `directory` (shared by
     the ranks: one machine's disk, or a volume every node mounts at the same path)."""
-    dcp.save(_rename(_state(model, optimizer), _names(model)), checkpoint_id=str(directory))
+    dcp_save(_rename(_state(model, optimizer), _names(model)), checkpoint_id=str(directory))
 
 
 def load_sharded(model: nn.Module, optimizer: torch.optim.Optimizer, directory: str | Path) -> None:
     """Read back what `save_sharded` wrote, each rank its own shards, into the model and the optimizer."""
     names = _names(model)
     state = _rename(_state(model, optimizer), names)
-    dcp.load(state, checkpoint_id=str(directory))
+    dcp_load(state, checkpoint_id=str(directory))
     back = {saved: name for name, saved in names.items()}
     state = _rename(state, back)
     set_model_state_dict(model, state["model"])

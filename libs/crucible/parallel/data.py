@@ -31,19 +31,22 @@ def apply_fsdp(model: Transformer, *, mesh: ParallelMesh, reshard_after_forward:
     config = mesh.config
     gloo = dist.get_backend() == dist.Backend.GLOO
     for moe in model.moe_layers:
-        fully_shard(moe.experts, mesh=mesh.expert_data, reshard_after_forward=reshard_after_forward)
-        moe.experts.set_gradient_divide_factor(float(config.world_size))
+        # fully_shard returns the module it was given, now an FSDPModule
+        experts = fully_shard(moe.experts, mesh=mesh.expert_data, reshard_after_forward=reshard_after_forward)
+        experts.set_gradient_divide_factor(float(config.world_size))
         # Gloo lacks AVG and pre-multiplied sums, so reductions must be plain sums divided afterwards; but
         # with a one-rank shard group FSDP already divides while copying and would divide twice. That
         # path needs no forced sums: its only collective is the replicate all-reduce, a SUM anyway.
-        moe.experts.set_force_sum_reduction_for_comms(gloo and config.expert_shard > 1)
-    for block in model.layers:
+        experts.set_force_sum_reduction_for_comms(gloo and config.expert_shard > 1)
+    blocks = [
         fully_shard(block, mesh=mesh.dense, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=mesh.dense)
+        for block in model.layers
+    ]
+    root = fully_shard(model, mesh=mesh.dense)
     if gloo:
-        for block in model.layers:
+        for block in blocks:
             block.set_force_sum_reduction_for_comms(True)
-        model.set_force_sum_reduction_for_comms(True)
+        root.set_force_sum_reduction_for_comms(True)
 
 
 def _full(tensor: torch.Tensor, owner: ExpertParallelMoE | None) -> torch.Tensor:
@@ -78,7 +81,9 @@ def load_full_state_dict(model: nn.Module, state: dict[str, torch.Tensor]) -> No
     current = model.state_dict()
     missing, unexpected = sorted(current.keys() - state.keys()), sorted(state.keys() - current.keys())
     if missing or unexpected:
-        raise KeyError(f"state dict does not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}")
+        raise KeyError(
+            f"state dict does not fit the model: missing {missing[:8]}, unexpected {unexpected[:8]}"
+        )
     for name, target in current.items():
         full = state[name]
         if (owner := owners.get(name)) is not None:

@@ -113,6 +113,7 @@ def apply_expert_parallel(model: Transformer, *, mesh: ParallelMesh) -> None:
         local = moe.num_experts // config.expert
         _shard_experts(moe.experts, ep_rank=ep_rank, local=local)
         moe.__class__ = ExpertParallelMoE
+        assert isinstance(moe, ExpertParallelMoE)  # the class swap above
         moe.ep_group, moe.ep_size, moe.ep_rank = group, config.expert, ep_rank
 
 

@@ -14,7 +14,7 @@ import asyncio
 import json
 import os
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,7 +114,8 @@ class ServingEngine:
         return self.batcher.version
 
     def swap(self, model: Transformer, version: int) -> None:
-        """New weights for the next decode step; sequences in flight go on (their tokens say which made them)."""
+        """New weights for the next decode step; sequences in flight go on (their tokens say which made
+        them)."""
         self.batcher.swap(model, version)
 
     def close(self) -> None:
@@ -123,7 +124,9 @@ class ServingEngine:
     def tool_grammar(self, tools: list[dict[str, Any]]) -> ToolCallGrammar:
         """The grammar of one call to one of `tools` (compiled once per tool set, a few kept)."""
         build = lambda: ToolCallGrammar(self.tokenizer, tools=tools, vocab_size=self.vocab_size)  # noqa: E731
-        return self._grammar("tools:" + json.dumps(tools, sort_keys=True), build, "the tools' JSON schemas", "tools")
+        return self._grammar(
+            "tools:" + json.dumps(tools, sort_keys=True), build, "the tools' JSON schemas", "tools"
+        )
 
     def lark_grammar(self, lark: str, *, param: str) -> ToolCallGrammar:
         """A client's own grammar, in llguidance's Lark dialect (compiled once, a few kept)."""
@@ -150,13 +153,19 @@ class ServingEngine:
         from crucible.model.sources import initial_model
 
         if version < self.version:
-            raise RequestError(f"weight version {version} is older than {self.version}", param="weight_version")
+            raise RequestError(
+                f"weight version {version} is older than {self.version}", param="weight_version"
+            )
         try:
             model = initial_model(path, seed=0, precision=self.precision).eval().requires_grad_(False)
         except Exception as exc:  # a missing, foreign or truncated checkpoint is the caller's
             raise RequestError(f"cannot load {path}: {exc}", param="model_path") from None
-        if model.cfg != self.batcher.model.cfg:
-            raise RequestError(f"{path} is a different architecture from the model served", param="model_path")
+        served = self.batcher.model
+        assert served is not None  # the engine gave the batcher its model when it started
+        if model.cfg != served.cfg:
+            raise RequestError(
+                f"{path} is a different architecture from the model served", param="model_path"
+            )
         self.batcher.swap(model, version)
 
     def check_prompt(self, prompt: list[int]) -> None:
@@ -172,7 +181,7 @@ class ServingEngine:
 
     async def generate(
         self, prompt: list[int], params: SamplingParams, *, grammar: ToolCallGrammar | None = None
-    ) -> AsyncIterator[Sampled | Finished]:
+    ) -> AsyncGenerator[Sampled | Finished, None]:
         """Every token as it is sampled, then how the completion ended. Leaving the iteration early
         (a stop string, a client gone) releases the sequence."""
         self.check_prompt(prompt)
@@ -195,7 +204,7 @@ class ServingEngine:
             top = []
             if params.top_logprobs:
                 values, ids = torch.topk(logp, min(params.top_logprobs, logp.numel()))
-                top = [(int(i), float(v)) for i, v in zip(ids, values) if v > float("-inf")]
+                top = [(int(i), float(v)) for i, v in zip(ids, values, strict=True) if v > float("-inf")]
             sequence.tokens.append(token)
             loop.call_soon_threadsafe(events.put_nowait, Sampled(token, float(logp[token]), top, version))
             if token == eos:

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import Field
@@ -21,8 +21,8 @@ from services.api.deps import (
 from services.api.schemas import CheckpointOut, MetricsOut, Page, RunCreate, RunOut, StepOut
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
-NOT_FOUND = {404: {"description": "No run with this id."}}
-REFUSED_CONFIG = {
+NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No run with this id."}}
+REFUSED_CONFIG: dict[int | str, dict[str, Any]] = {
     422: {
         "description": "A body the schema refuses; a `parallel` layout whose dp_replicate x dp_shard is not"
         " world_size or whose ep does not divide it (the one rule of the run config that JSON Schema cannot"
