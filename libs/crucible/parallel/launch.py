@@ -155,7 +155,9 @@ class WorkerGroup(Generic[T]):
             raise error
         if pending:
             self._break(f"{what} timed out")
-            raise WorkerGroupError(f"{what}: {len(pending)} of {self.world_size} ranks did not answer in {timeout_s:.0f} s")
+            raise WorkerGroupError(
+                f"{what}: {len(pending)} of {self.world_size} ranks did not answer in {timeout_s:.0f} s"
+            )
         return [outputs[rank] for rank in range(self.world_size)]
 
     def __enter__(self) -> WorkerGroup:
@@ -188,7 +190,7 @@ def _serve(
                 return
             method, call_args, call_kwargs = request
             conn.send((True, getattr(target, method)(*call_args, **call_kwargs)))
-    except Exception:  # noqa: BLE001 - sent to the driver with its traceback
+    except Exception:  # sent to the driver with its traceback
         # Stamped before the group is torn down, which makes the peers fail a moment later.
         try:
             conn.send((False, (time.time(), traceback.format_exc())))
@@ -228,9 +230,10 @@ class LocalWorkerGroup(WorkerGroup[T]):
         for rank in range(world_size):
             ours, theirs = ctx.Pipe()
             process = ctx.Process(
-                target=_serve, args=(rank, world_size, port, self.backend, timeout_s, threads, factory, args, theirs),
+                target=_serve,
+                args=(rank, world_size, port, self.backend, timeout_s, threads, factory, args, theirs),
                 daemon=True,
-            )  # fmt: skip
+            )
             process.start()
             theirs.close()
             self.conns.append(ours)
@@ -243,7 +246,7 @@ class LocalWorkerGroup(WorkerGroup[T]):
 
     def _send(self, name: str, per_rank: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
         try:
-            for conn, (args, kwargs) in zip(self.conns, per_rank):
+            for conn, (args, kwargs) in zip(self.conns, per_rank, strict=True):
                 conn.send((name, args, kwargs))
         except OSError as exc:
             self._break(f"a rank is gone: {exc!r}")
@@ -256,15 +259,18 @@ class LocalWorkerGroup(WorkerGroup[T]):
     def _poll(self, pending: set[int], wait_s: float) -> dict[int, tuple[bool, Any]]:
         by_conn = {self.conns[rank]: rank for rank in pending}
         answers = {}
-        for conn in mp.connection.wait(list(by_conn), timeout=wait_s):
-            rank = by_conn[conn]
+        for ready in multiprocessing.connection.wait(list(by_conn), timeout=wait_s):
+            rank = by_conn[ready]
             try:
-                answers[rank] = conn.recv()
+                answers[rank] = self.conns[rank].recv()
             except (EOFError, OSError):
                 # Died without a word (killed, or exited): taken as the cause, stamped before any peer's
                 # error, which is then a lost connection to it.
                 self.processes[rank].join(timeout=1)
-                answers[rank] = (False, (0.0, f"rank {rank} exited with code {self.processes[rank].exitcode}"))
+                answers[rank] = (
+                    False,
+                    (0.0, f"rank {rank} exited with code {self.processes[rank].exitcode}"),
+                )
         return answers
 
     def _break(self, reason: str) -> None:
@@ -310,7 +316,12 @@ class _RayRank:
         return host, free_port(host)
 
     def setup(
-        self, factory: Callable[..., Any], args: tuple, master: tuple[str, int], backend: str, timeout_s: float
+        self,
+        factory: Callable[..., Any],
+        args: tuple,
+        master: tuple[str, int],
+        backend: str,
+        timeout_s: float,
     ) -> None:
         init_worker(
             rank=self.rank, world_size=self.world_size, master_addr=master[0], master_port=master[1],
@@ -404,12 +415,16 @@ class RayWorkerGroup(WorkerGroup[T]):
             raise
 
     def _send(self, name: str, per_rank: list[tuple[tuple, dict[str, Any]]]) -> list[Any]:
-        refs = [actor.call.remote(name, args, kwargs) for actor, (args, kwargs) in zip(self.actors, per_rank)]
+        refs = [
+            actor.call.remote(name, args, kwargs)
+            for actor, (args, kwargs) in zip(self.actors, per_rank, strict=True)
+        ]
         return self._wait(refs, self.timeout_s, what=name)
 
     def _wait(self, refs: list[Any], timeout_s: float, *, what: str) -> list[Any]:
         """The results of one task per rank (`refs` in rank order)."""
         import ray
+        import ray.exceptions
 
         rank_of = {ref: rank for rank, ref in enumerate(refs)}
 
@@ -506,7 +521,11 @@ def run_local(
     """Run `fn(*args)` on `world_size` local processes; returns the results by rank. If any rank fails,
     the others are stopped and the failing rank's traceback is raised; so is a run past `timeout_s`."""
     with start_workers(
-        _Runner, world_size=world_size, backend=backend, timeout_s=timeout_s, threads_per_process=threads_per_process
+        _Runner,
+        world_size=world_size,
+        backend=backend,
+        timeout_s=timeout_s,
+        threads_per_process=threads_per_process,
     ) as group:
         return group.call(_Runner.run, fn, args)
 
@@ -526,5 +545,7 @@ def run_ray(
     GPUs), with NCCL; one CPU each otherwise, with gloo.
     """
     backend = None if use_gpu is None else _default_backend(use_gpu)
-    with start_workers(_Runner, world_size=world_size, launcher="ray", backend=backend, timeout_s=timeout_s) as group:
+    with start_workers(
+        _Runner, world_size=world_size, launcher="ray", backend=backend, timeout_s=timeout_s
+    ) as group:
         return group.call(_Runner.run, fn, args)
