@@ -32,7 +32,9 @@ async def test_acked_means_trained_and_saved(bus: Bus) -> None:
     for group in ("g0", "g1", "g2"):
         for index, reward in enumerate((1.0, 0.0)):
             message = graded(run_id, group, index, reward, "grep")
-            await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
+            await bus.publish(
+                subjects.graded(run_id), message, msg_id=f"{run_id}/{message.trajectory.trajectory_id}"
+            )
     ledger = Ledger(trained={"g2-1"})  # trained by a saved state before a restart
     arrivals: list[str] = []
 
@@ -77,7 +79,9 @@ async def test_a_step_that_trains_nothing_acks_its_messages_untrained(bus: Bus) 
     durable = subjects.trainer_run_durable(run_id)
     for index in range(2):
         message = graded(run_id, "g", index, float(index), "grep")
-        await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
+        await bus.publish(
+            subjects.graded(run_id), message, msg_id=f"{run_id}/{message.trajectory.trajectory_id}"
+        )
     ledger = Ledger()
 
     async def on_graded(message: GradedTrajectory, delivery: Delivery) -> None:
