@@ -177,3 +177,16 @@ async def redis_client(redis_url: str):
     client = aioredis.from_url(redis_url)
     yield client
     await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """One private single-node Ray cluster for every test that uses Ray (each start costs seconds): a
+    worker group, and the trainer's, finds Ray connected and leaves it running; it stops with the session."""
+    import ray
+
+    from crucible.parallel.launch import start_local_ray
+
+    start_local_ray(num_cpus=8)
+    yield
+    ray.shutdown()

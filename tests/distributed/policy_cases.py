@@ -138,3 +138,11 @@ def losses(shape: Shape, steps: int) -> list[float]:
     trajectories, advantages = batch()
     part = slices(trajectories, advantages, world_size=dist.get_world_size())[dist.get_rank()]
     return [float(rank.train(part)["loss"]) for _ in range(steps)]
+
+
+def everything_on_four() -> dict:
+    """One launch of four ranks for the whole module: the trainer's steps here, the layout's gradients
+    (parallel_cases) on rank 0."""
+    import parallel_cases
+
+    return {"policy": world_of_four(), "layout": parallel_cases.world_of_four()}

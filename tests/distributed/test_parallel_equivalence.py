@@ -37,13 +37,18 @@ def one_rank() -> dict:
 
 
 @pytest.fixture(scope="module")
-def policy_four() -> list[dict]:
-    return run_local(policy.world_of_four, world_size=4, backend="gloo")
+def on_four() -> list[dict]:
+    return run_local(policy.everything_on_four, world_size=4, backend="gloo")
 
 
 @pytest.fixture(scope="module")
-def four() -> dict:
-    return run_local(cases.world_of_four, world_size=4, backend="gloo")[0]
+def policy_four(on_four: list[dict]) -> list[dict]:
+    return [rank["policy"] for rank in on_four]
+
+
+@pytest.fixture(scope="module")
+def four(on_four: list[dict]) -> dict:
+    return on_four[0]["layout"]
 
 
 def _rel(a: float, b: float) -> float:

@@ -27,7 +27,7 @@ def test_run_local_raises_the_failing_ranks_traceback() -> None:
         run_local(fail_on_rank_one, world_size=2, timeout_s=60, backend="gloo")
 
 
-def test_ray_worker_group_trains_like_one_rank() -> None:
+def test_ray_worker_group_trains_like_one_rank(ray_cluster: None) -> None:
     """Three of the trainer's steps with 2-way expert parallelism and FSDP in a local Ray cluster (one CPU
     bundle per rank) against one local rank."""
     steps = 3
@@ -57,7 +57,11 @@ class Tally:
 
 
 @pytest.mark.parametrize("launcher", ["local", "ray"])
-def test_ranks_keep_their_state_and_a_rank_that_dies_breaks_the_group(launcher: str) -> None:
+def test_ranks_keep_their_state_and_a_rank_that_dies_breaks_the_group(
+    launcher: str, request: pytest.FixtureRequest
+) -> None:
+    if launcher == "ray":
+        request.getfixturevalue("ray_cluster")
     group = start_workers(Tally, args=(10,), world_size=2, launcher=launcher, timeout_s=120)
     try:
         assert group.call(Tally.add, 1) == [23, 23]  # (10 + 0 + 1) + (10 + 1 + 1)

@@ -117,20 +117,17 @@ def _rank_processes() -> list[int]:
     return sorted(rank for server in servers for rank in children(server))
 
 
-async def test_four_ranks_take_the_steps_one_rank_takes_locally_and_on_ray(common_settings) -> None:
-    import ray
-
+async def test_four_ranks_take_the_steps_one_rank_takes_locally_and_on_ray(
+    common_settings, ray_cluster
+) -> None:
     trainer = common_settings(TrainerSettings, ack_wait_s=30, heartbeat_s=5, max_runs=1, step_timeout_s=300)
-    try:
-        async with (
-            running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
-            running("trainer", trainer, trainer_setup) as rt,
-        ):
-            one, one_end = await _train(rt, {})
-            four, four_end = await _train(rt, FOUR)
-            on_ray, ray_end = await _train(rt, {**FOUR, "launcher": "ray"})
-    finally:
-        ray.shutdown()  # the trainer keeps the local cluster it started for later runs
+    async with (
+        running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
+        running("trainer", trainer, trainer_setup) as rt,
+    ):
+        one, one_end = await _train(rt, {})
+        four, four_end = await _train(rt, FOUR)
+        on_ray, ray_end = await _train(rt, {**FOUR, "launcher": "ray"})  # on the session's Ray cluster
     assert one_end.status == four_end.status == ray_end.status == "finished"
     for losses in (four, on_ray):  # (loss, gradient norm) of each step
         expected = [x for step in one for x in step]
