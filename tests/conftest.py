@@ -179,10 +179,11 @@ async def redis_client(redis_url: str):
     await client.aclose()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster() -> Iterator[None]:
-    """One private single-node Ray cluster for every test that uses Ray (each start costs seconds): a
-    worker group, and the trainer's, finds Ray connected and leaves it running; it stops with the session."""
+    """One private single-node Ray cluster for a module's tests that use Ray (each start costs seconds): a
+    worker group, and the trainer's, finds Ray connected and leaves it running; it stops with the module
+    (an idle cluster's daemons would take a share of the cores from every later test)."""
     import ray
 
     from crucible.parallel.launch import start_local_ray

@@ -265,19 +265,42 @@ async def test_watch_sees_latest_per_subject_then_new_ones(bus):
 
 
 async def test_a_message_never_acked_is_dead_lettered_not_dropped(bus, run):
-    await bus.publish(subjects.events(run, "stuck"), event("stuck"))
+    await bus.publish(subjects.events(run, "stuck"), event("stuck"), msg_id=f"{run}-stuck")
     attempts: list[int] = []
 
     async def never_acks(message: Note, delivery) -> None:
         attempts.append(delivery.attempt)
         delivery.hold()
 
-    await consume_for(bus, 4.5, never_acks, run=run, ack_wait=1.0, max_deliver=2)
-    assert attempts == [1, 2]
-    [letter] = [
-        letter for _, letter in await bus.dead_letters(stream=subjects.EVENTS, limit=1000)
-        if letter.subject == subjects.events(run, "stuck")
-    ]  # fmt: skip
+    async def dead_letter():
+        letters = await bus.dead_letters(stream=subjects.EVENTS, limit=1000)
+        return next(
+            (letter for _, letter in letters if letter.subject == subjects.events(run, "stuck")), None
+        )
+
+    stop = asyncio.Event()
+    consumer = asyncio.create_task(
+        bus.consume(
+            stream=subjects.EVENTS,
+            durable=f"test-{run}",
+            filter_subject=f"events.{run}.>",
+            handler=never_acks,
+            message_type=Note,
+            stop=stop,
+            ack_wait=1.0,
+            max_deliver=2,
+        )
+    )
+    try:
+        deadline = asyncio.get_running_loop().time() + 30
+        while (letter := await dead_letter()) is None:
+            assert asyncio.get_running_loop().time() < deadline, f"no dead letter; attempts {attempts}"
+            await asyncio.sleep(0.1)
+    finally:
+        stop.set()
+        await consumer
+    # every delivery up to max_deliver reached the handler, in order; the next one was dead-lettered
+    assert attempts[0] == 1 and attempts[-1] == 2 and attempts == sorted(attempts), attempts
     assert "delivered 3 times without being acknowledged" in letter.reason
 
 
