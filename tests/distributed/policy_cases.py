@@ -21,7 +21,7 @@ from crucible.contracts.runconfig import RunConfig
 from crucible.model.spec import PolicySpec
 from crucible.parallel import full_grads, full_state_dict
 from services.trainer.group import slices
-from services.trainer.policy import PolicyRank
+from services.trainer.policy import PolicyRank, Slice
 
 Shape = tuple[int, int, int]  # (dp_replicate, dp_shard, ep)
 SHAPES_OF_FOUR: list[Shape] = [(2, 2, 2), (1, 4, 4), (4, 1, 2), (1, 4, 1)]
@@ -73,12 +73,22 @@ def fp32_tolerance(config: RunConfig) -> float:
     return max(tokens, cfg.vocab_size, cfg.dim, cfg.ffn_dim, cfg.expert_dim) * 2.0**-24
 
 
+def policy_rank(shape: Shape, precision: str = "fp32") -> PolicyRank:
+    """This rank's PolicyRank on the shape's mesh, as the trainer's worker group builds it."""
+    config = run_config(shape, precision)
+    return PolicyRank(config, PolicySpec.resolve(config))
+
+
+def my_slice(advantages: list[float]) -> Slice:
+    """This rank's slice of the batch with `advantages`, cut as the trainer's worker group cuts it."""
+    trajectories, _ = batch()
+    return slices(trajectories, advantages, world_size=dist.get_world_size())[dist.get_rank()]
+
+
 def train(shape: Shape, *, precision: str = "fp32", steps: int = 2) -> dict | None:
     """`steps` steps of PolicyRank on this rank's slice; rank 0 returns what it saw (others None)."""
-    config = run_config(shape, precision)
-    rank = PolicyRank(config, PolicySpec.resolve(config))
-    trajectories, advantages = batch()
-    part = slices(trajectories, advantages, world_size=dist.get_world_size())[dist.get_rank()]
+    rank = policy_rank(shape, precision)
+    part = my_slice(batch()[1])
     start = {k: v.clone() for k, v in full_state_dict(rank.model).items()}  # a mesh of one may share storage
     metrics = [rank.train(part) for _ in range(steps)]
     grads = full_grads(rank.model)
@@ -91,15 +101,13 @@ def train(shape: Shape, *, precision: str = "fp32", steps: int = 2) -> dict | No
 def skipped_step(shape: Shape) -> dict:
     """A step in which one rank's slice alone has a non-finite advantage: every rank skips it, and no
     weight, optimizer state or router bias changes on any rank."""
-    config = run_config(shape)
-    rank = PolicyRank(config, PolicySpec.resolve(config))
-    trajectories, advantages = batch()
-    world = dist.get_world_size()
-    rank.train(slices(trajectories, advantages, world_size=world)[dist.get_rank()])  # optimizer state
+    rank = policy_rank(shape)
+    advantages = batch()[1]
+    rank.train(my_slice(advantages))  # an optimizer with state, as mid-run
     before = {k: _local(v).clone() for k, v in rank.model.state_dict().items()}
     steps = [float(s["step"]) for s in rank.optimizer.state.values()]
     poisoned = [*advantages[:-1], math.nan]  # the last trajectory: the last rank's slice
-    answer = rank.train(slices(trajectories, poisoned, world_size=world)[dist.get_rank()])
+    answer = rank.train(my_slice(poisoned))
     after = rank.model.state_dict()
     return {
         "answer": answer,
@@ -133,10 +141,8 @@ def world_of_eight() -> list[dict | None]:
 
 def losses(shape: Shape, steps: int) -> list[float]:
     """Every rank's losses over `steps` steps (the same on every rank: the loss is all-reduced)."""
-    config = run_config(shape)
-    rank = PolicyRank(config, PolicySpec.resolve(config))
-    trajectories, advantages = batch()
-    part = slices(trajectories, advantages, world_size=dist.get_world_size())[dist.get_rank()]
+    rank = policy_rank(shape)
+    part = my_slice(batch()[1])
     return [float(rank.train(part)["loss"]) for _ in range(steps)]
 
 

@@ -44,28 +44,28 @@ def plan_step(
     lags: list[int] = []
     ages: list[int] = []
     for group in groups:
-        members = []
+        members = []  # (graded, lag, age) of the group's fresh members
         for graded in group:
             sampled = arrays(graded.trajectory).sampled_versions.tolist()
             lag = staleness(trainer_version=version, token_versions=sampled)
             if lag > schedule.max_staleness:
                 stale.append(graded.trajectory.trajectory_id)
                 continue
-            members.append(graded)
-            lags.append(lag)
             # optimizer steps since the oldest sampled token's version was published
-            ages.append(step - min(sampled, default=version) * schedule.publish_every)
+            age = step - min(sampled, default=version) * schedule.publish_every
+            members.append((graded, lag, age))
         if len(members) < 2:  # a group-relative advantage needs a baseline to compare against
-            alone.extend(g.trajectory.trajectory_id for g in members)
-            lags, ages = lags[: len(lags) - len(members)], ages[: len(ages) - len(members)]
+            alone.extend(g.trajectory.trajectory_id for g, _, _ in members)
             continue
-        rewards = torch.tensor([g.reward.total for g in members], dtype=torch.float64)
+        rewards = torch.tensor([g.reward.total for g, _, _ in members])
         advantages.extend(
             group_advantages(
                 rewards, estimator=optim.advantage, std=optim.advantage_std, eps=optim.advantage_eps
             ).tolist()
         )
-        kept.extend(members)
+        kept.extend(g for g, _, _ in members)
+        lags.extend(lag for _, lag, _ in members)
+        ages.extend(age for _, _, age in members)
     if not kept:
         return StepPlan(kept=[], advantages=[], stale=stale, alone=alone)
     rewards_all = [g.reward.total for g in kept]

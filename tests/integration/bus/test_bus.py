@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 
 import nats.js.errors
@@ -37,7 +38,8 @@ def run() -> str:
 
 
 async def consume_for(bus: Bus, seconds: float, handler, *, run: str, until=None, **kwargs) -> None:
-    """Consume the run's EVENTS for `seconds`, or until `until()` is true (checked every 50 ms)."""
+    """Consume the run's EVENTS for `seconds`, or until `until()` is true (checked every 50 ms; it may be
+    a coroutine function, for a condition observed on the server)."""
     stop = asyncio.Event()
     task = asyncio.create_task(
         bus.consume(
@@ -51,7 +53,12 @@ async def consume_for(bus: Bus, seconds: float, handler, *, run: str, until=None
         )
     )
     deadline = asyncio.get_running_loop().time() + seconds
-    while asyncio.get_running_loop().time() < deadline and not (until and until()):
+    while asyncio.get_running_loop().time() < deadline:
+        done = until is not None and until()
+        if inspect.isawaitable(done):
+            done = await done
+        if done:
+            break
         await asyncio.sleep(0.05)
     stop.set()
     await task
@@ -272,33 +279,16 @@ async def test_a_message_never_acked_is_dead_lettered_not_dropped(bus, run):
         attempts.append(delivery.attempt)
         delivery.hold()
 
-    async def dead_letter():
-        letters = await bus.dead_letters(stream=subjects.EVENTS, limit=1000)
-        return next(
-            (letter for _, letter in letters if letter.subject == subjects.events(run, "stuck")), None
-        )
+    letters: list = []
 
-    stop = asyncio.Event()
-    consumer = asyncio.create_task(
-        bus.consume(
-            stream=subjects.EVENTS,
-            durable=f"test-{run}",
-            filter_subject=f"events.{run}.>",
-            handler=never_acks,
-            message_type=Note,
-            stop=stop,
-            ack_wait=1.0,
-            max_deliver=2,
-        )
-    )
-    try:
-        deadline = asyncio.get_running_loop().time() + 30
-        while (letter := await dead_letter()) is None:
-            assert asyncio.get_running_loop().time() < deadline, f"no dead letter; attempts {attempts}"
-            await asyncio.sleep(0.1)
-    finally:
-        stop.set()
-        await consumer
+    async def dead_lettered() -> bool:
+        found = await bus.dead_letters(stream=subjects.EVENTS, limit=1000)
+        letters[:] = [letter for _, letter in found if letter.subject == subjects.events(run, "stuck")]
+        return bool(letters)
+
+    await consume_for(bus, 30, never_acks, run=run, until=dead_lettered, ack_wait=1.0, max_deliver=2)
+    assert letters, f"no dead letter within 30 s; attempts {attempts}"
+    [letter] = letters
     # every delivery up to max_deliver reached the handler, in order; the next one was dead-lettered
     assert attempts[0] == 1 and attempts[-1] == 2 and attempts == sorted(attempts), attempts
     assert "delivered 3 times without being acknowledged" in letter.reason
