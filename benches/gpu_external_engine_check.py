@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -42,6 +43,7 @@ from crucible.agent.grammar import TOOL_CALL
 from crucible.agent.toolcalls import ToolCallError, render_prompt
 from crucible.contracts.runconfig import RunConfig
 from crucible.model.hf import export_pretrained, load_pretrained
+from crucible.model.scoring import unpack_allowed
 from crucible.model.sources import initial_model, load_tokenizer
 from services.rollout.external import ExternalEngine
 
@@ -144,10 +146,13 @@ async def check(args, model_dir: Path, url: str) -> int:
         except ToolCallError:
             pass  # the action budget ran out before the call closed
         try:
-            masks = engine.tool_calls.replay_masks(state.tokens, [c == TOOL_CALL for c in state.constraints])
+            constrained = [c == TOOL_CALL for c in state.constraints]
+            replayed = engine.tool_calls.replay(state.tokens, constrained)
         except ToolCallError:
             outside += 1
             continue
+        at = itertools.compress(range(len(state)), constrained)
+        masks = dict(zip(at, unpack_allowed(replayed, engine.tool_calls.vocab_size), strict=False))
         with torch.no_grad():
             logits = model(torch.tensor([state.tokens])).logits[0].float()
         for t in range(len(prompt), len(state)):

@@ -58,6 +58,45 @@ class Batch:
         out[self.row_BT[valid], self.column_BT[valid]] = x_BT[valid]
         return out
 
+    def select(self, indices: list[int]) -> Batch:
+        """The trajectories at `indices` as a batch of their own, trimmed to the longest of them."""
+        if not indices:
+            raise ValueError("select needs at least one trajectory")
+        take = torch.tensor(indices, device=self.tokens_BT.device)
+        valid = self.valid_BT[take] > 0
+        width = max(int(valid.sum(-1).max()), 1)
+        cut = {
+            f.name: getattr(self, f.name)[take, :width]
+            for f in fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        # Renumber the chosen trajectories' contexts 0.. in order; padding: row 0, past every row's end.
+        valid = valid[:, :width]
+        old_rows, new_rows = torch.unique(cut["row_BT"][valid], return_inverse=True)
+        row = torch.zeros_like(cut["row_BT"])
+        row[valid] = new_rows
+        column = torch.where(valid, cut["column_BT"], torch.full_like(cut["column_BT"], width))
+        return replace(self, **{**cut, "row_BT": row, "column_BT": column}, rows=len(old_rows))
+
+    def split(self, max_tokens: int) -> list[Batch]:
+        """Micro-batches of whole trajectories, each at most `max_tokens` once padded to its longest (a
+        longer trajectory alone), longest first so that similar lengths share one."""
+        lengths = (self.valid_BT > 0).sum(-1).tolist()
+        order = sorted(range(len(lengths)), key=lambda b: -lengths[b])
+        groups: list[list[int]] = []
+        for b in order:
+            if groups and (len(groups[-1]) + 1) * lengths[groups[-1][0]] <= max_tokens:
+                groups[-1].append(b)
+            else:
+                groups.append([b])
+        return [self.select(sorted(group)) for group in groups]
+
+    def filler(self) -> Batch:
+        """The first trajectory with nothing sampled and nothing valid: a forward and backward that count
+        nowhere, for a rank that must join its peers' collectives without work of its own."""
+        one = self.select([0])
+        return replace(one, mask_BT=torch.zeros_like(one.mask_BT), valid_BT=torch.zeros_like(one.valid_BT))
+
     def from_rows(self, x_RT: torch.Tensor) -> torch.Tensor:
         """[R, T_row] back to the trajectories' layout [B, T] (0 at padding)."""
         if self.one_context_each:

@@ -33,7 +33,7 @@ class NonFiniteStep(ArithmeticError):
         self.reason = reason
 
 
-SUMMED = {"tokens"}
+SUMMED = {"tokens", "rows_skipped"}
 MAXED = {"ratio_max"}
 SAME = {"loss", "grad_norm"}  # already global: every rank returns the same value
 
@@ -42,21 +42,21 @@ def combine(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """One step's metrics from the ranks': loss and gradient norm are global already, token counts add
     up, maxima are maxima, and every other metric (fractions, means, ratio quantiles) is the token-weighted
     mean of the ranks' values: exact for fractions and means, an approximation for quantiles."""
-    weights = [r.get("tokens", 0.0) for r in per_rank]
-    total = sum(weights)
     out = {}
-    for key in per_rank[0]:
-        values = [r[key] for r in per_rank if key in r]
-        if key in SAME or len(values) != len(per_rank):
-            out[key] = per_rank[0][key]
+    for key in dict.fromkeys(k for r in per_rank for k in r):  # every rank's keys, in order
+        # a rank without a metric ran nothing it describes
+        values = [(r[key], r.get("tokens", 0.0)) for r in per_rank if key in r]
+        tokens = sum(w for _, w in values)
+        if key in SAME:
+            out[key] = values[0][0]
         elif key in SUMMED:
-            out[key] = sum(values)
+            out[key] = sum(v for v, _ in values)
         elif key in MAXED:
-            out[key] = max(values)
-        elif total > 0:
-            out[key] = sum(v * w for v, w in zip(values, weights, strict=True)) / total
+            out[key] = max(v for v, _ in values)
+        elif tokens > 0:
+            out[key] = sum(v * w for v, w in values) / tokens
         else:
-            out[key] = values[0]
+            out[key] = values[0][0]
     return out
 
 
@@ -78,9 +78,7 @@ def slices(trajectories: list[Trajectory], advantages: list[float], *, world_siz
     parts = []
     for batch in batches:
         if batch is None:
-            batch = collate(trajectories[:1], [0.0])
-            batch.mask_BT.zero_()
-            batch.valid_BT.zero_()
+            batch = collate(trajectories[:1], [0.0]).filler()
         parts.append(Slice(batch=batch, totals=totals))
     return parts
 

@@ -30,12 +30,13 @@ ROWS = 8
 UNUSED_EXPERT = 3
 
 
-def run_config(shape: Shape, precision: str = "fp32") -> RunConfig:
+def run_config(shape: Shape, precision: str = "fp32", micro_batch_tokens: int = 8192) -> RunConfig:
     replicate, shard, ep = shape
     return RunConfig.model_validate({
         "model": {"source": "tiny", "precision": precision},
         "optim": {"learning_rate": 1e-3, "max_grad_norm": 0.3, "loss": "ppo"},
-        "parallel": {"world_size": replicate * shard, "dp_replicate": replicate, "dp_shard": shard, "ep": ep},
+        "parallel": {"world_size": replicate * shard, "dp_replicate": replicate, "dp_shard": shard, "ep": ep,
+                     "micro_batch_tokens": micro_batch_tokens},
     })  # fmt: skip
 
 
@@ -73,9 +74,9 @@ def fp32_tolerance(config: RunConfig) -> float:
     return max(tokens, cfg.vocab_size, cfg.dim, cfg.ffn_dim, cfg.expert_dim) * 2.0**-24
 
 
-def policy_rank(shape: Shape, precision: str = "fp32") -> PolicyRank:
+def policy_rank(shape: Shape, precision: str = "fp32", micro_batch_tokens: int = 8192) -> PolicyRank:
     """This rank's PolicyRank on the shape's mesh, as the trainer's worker group builds it."""
-    config = run_config(shape, precision)
+    config = run_config(shape, precision, micro_batch_tokens)
     return PolicyRank(config, PolicySpec.resolve(config))
 
 
@@ -85,10 +86,21 @@ def my_slice(advantages: list[float]) -> Slice:
     return slices(trajectories, advantages, world_size=dist.get_world_size())[dist.get_rank()]
 
 
-def train(shape: Shape, *, precision: str = "fp32", steps: int = 2) -> dict | None:
-    """`steps` steps of PolicyRank on this rank's slice; rank 0 returns what it saw (others None)."""
-    rank = policy_rank(shape, precision)
-    part = my_slice(batch()[1])
+def train(
+    shape: Shape,
+    *,
+    precision: str = "fp32",
+    steps: int = 2,
+    micro_batch_tokens: int = 8192,
+    idle: bool = False,
+) -> dict | None:
+    """`steps` steps of PolicyRank on this rank's slice; rank 0 returns what it saw (others None).
+    `idle`: rows 2 and 3 (a whole rank's slice on four ranks) have advantage 0, so nothing of theirs runs."""
+    rank = policy_rank(shape, precision, micro_batch_tokens)
+    advantages = batch()[1]
+    if idle:
+        advantages[2] = advantages[3] = 0.0
+    part = my_slice(advantages)
     start = {k: v.clone() for k, v in full_state_dict(rank.model).items()}  # a mesh of one may share storage
     metrics = [rank.train(part) for _ in range(steps)]
     grads = full_grads(rank.model)
@@ -123,13 +135,22 @@ def _local(t: torch.Tensor) -> torch.Tensor:
 
 def reference() -> dict:
     """One rank: the fp32 and MXFP8 steps every layout is compared with."""
-    return {"fp32": train((1, 1, 1)), "mxfp8": train((1, 1, 1), precision="mxfp8", steps=1)}
+    return {
+        "fp32": train((1, 1, 1)),
+        "mxfp8": train((1, 1, 1), precision="mxfp8", steps=1),
+        "idle": train((1, 1, 1), idle=True),
+    }
 
 
 def world_of_four() -> dict:
     """Everything the 4-rank tests check, in one launch: rank 0's steps, every rank's skipped step."""
     return {
         "fp32": [train(shape) for shape in SHAPES_OF_FOUR],
+        # micro-batches of 45 tokens: two on rank 0 (rows of 24 and 21), one on rank 1 (18 and 15), which
+        # runs a filler to join rank 0's second forward and backward
+        "micro": train((2, 2, 2), micro_batch_tokens=45),
+        # rank 1's rows have advantage 0: it runs fillers only
+        "idle": train((2, 2, 2), micro_batch_tokens=45, idle=True),
         "mxfp8": train((2, 2, 2), precision="mxfp8", steps=1),
         "skipped": skipped_step((2, 2, 2)),
     }

@@ -84,6 +84,16 @@ def test_the_trainers_step_on_four_ranks_is_the_step_on_one(one_rank: dict, poli
         _assert_steps_match(row, ref, FP32_TOL, label=shape)
 
 
+def test_micro_batches_and_idle_ranks_on_four_ranks_are_the_step_on_one(
+    one_rank: dict, policy_four: list[dict]
+) -> None:
+    _assert_steps_match(policy_four[0]["micro"], one_rank["fp32"], FP32_TOL, label="micro-batches")
+    idle = policy_four[0]["idle"]
+    _assert_steps_match(idle, one_rank["idle"], FP32_TOL, label="idle rank")
+    assert all(m["rows_skipped"] == 2 for m in one_rank["idle"]["metrics"])
+    assert all(m["rows_skipped"] == 0 for m in idle["metrics"])  # rank 0's: rows 2 and 3 are rank 1's
+
+
 def test_mxfp8_steps_on_four_ranks_match_mxfp8_on_one(one_rank: dict, policy_four: list[dict]) -> None:
     got, want = policy_four[0]["mxfp8"], one_rank["mxfp8"]
     assert _rel(got["metrics"][0]["loss"], want["metrics"][0]["loss"]) <= 1e-5  # the forward: same blocks

@@ -9,7 +9,7 @@ An action is the Hermes / Qwen tool-call block that most chat templates use,
 and every token of it is sampled from the model's distribution masked by a grammar (llguidance, decision
 0009) built from the tools' JSON schemas, so an action always parses and names a real tool with valid
 arguments. The logprob recorded for a sampled token is that of the masked distribution; the trainer
-replays the grammar over the sampled tokens (`replay_masks`) and gets the same masks, so the importance
+replays the grammar over the sampled tokens (`replay`) and gets the same masks, so the importance
 ratio is exactly 1 on-policy.
 
 The prompt comes from the tokenizer's chat template with the tools passed as the template expects; a
@@ -139,23 +139,29 @@ class ToolCallGrammar:
         if not matcher.consume_token(token):
             raise ToolCallError(f"token {token} is not allowed here: {matcher.get_error()}")
 
-    def replay_masks(self, tokens: list[int], constrained: list[bool]) -> torch.Tensor:
-        """[T, vocab_size] allowed tokens at every position: all at unconstrained positions, the grammar's
-        at constrained ones (each run of constrained positions is one action, parsed from its start)."""
-        masks = torch.ones(len(tokens), self.vocab_size, dtype=torch.bool)
-        matcher = None
-        for t, (token, inside) in enumerate(zip(tokens, constrained, strict=True)):
+    def replay(self, tokens: list[int], constrained: list[bool]) -> torch.Tensor:
+        """The grammar's allowed tokens at each constrained position, in order, packed 32 to a word:
+        int32 [n_constrained, ceil(vocab_size / 32)] (crucible.model.scoring.unpack_allowed). Each run of
+        constrained positions is one action, parsed from its start."""
+        import llguidance.torch as lt
+
+        at = [t for t, inside in enumerate(constrained) if inside]
+        packed = lt.allocate_token_bitmask(max(len(at), 1), self.vocab_size)[: len(at)]
+        packed.zero_()
+        matcher, row = None, 0
+        for token, inside in zip(tokens, constrained, strict=True):
             if not inside:
                 matcher = None
                 continue
             if matcher is None:
                 matcher = self.matcher()
-            masks[t] = self.allowed(matcher)
+            lt.fill_next_token_bitmask(matcher, packed, row)
+            row += 1
             if matcher.is_stopped():
                 matcher = None  # the action ended with its end-of-turn token
                 continue
             self.advance(matcher, token)
-        return masks
+        return packed
 
     def parse(self, text: str) -> tuple[str, dict[str, Any]]:
         """(tool name, arguments) of an action's text."""

@@ -52,6 +52,7 @@ class Router(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_experts, dim))
         self.register_buffer("expert_bias", torch.zeros(num_experts))
         self.register_buffer("tokens_per_expert", torch.zeros(num_experts), persistent=False)
+        self.counting = True  # off while a checkpointed block is recomputed (its load is counted once)
 
     def forward(
         self,
@@ -85,7 +86,7 @@ class Router(nn.Module):
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         weights = weights * self.route_scale
-        if self.training:
+        if self.training and self.counting:
             with torch.no_grad():
                 E, flat = self.num_experts, ids.flatten()
                 if valid_N is not None:  # padding rows go to an extra bin E, dropped below

@@ -8,6 +8,7 @@ from typing import Any, cast
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from crucible.model.attention import Attention
 from crucible.model.config import ModelConfig
@@ -16,12 +17,14 @@ from crucible.model.layers import Embedding, FeedForward, Linear, RMSNorm, rotar
 from crucible.model.matmul import check_precision, linear
 from crucible.model.mla import LatentAttention
 from crucible.model.moe import MoE, Router
+from crucible.model.scoring import Scores, Scoring, score
 
 
 @dataclass
 class ModelOutput:
-    logits: torch.Tensor  # [B, T, V] float32
+    logits: torch.Tensor  # [B, T, V] float32 ([B, 0, V] when the forward scored instead)
     routes: torch.Tensor | None  # [B, T, L_moe, top_k] int64 expert ids, None for dense models
+    scores: Scores | None = None  # forward(..., scoring=...)
 
 
 class TransformerBlock(nn.Module):
@@ -59,7 +62,8 @@ class Transformer(nn.Module):
     """Token ids in, fp32 logits (and the expert choices of every MoE layer) out.
 
     Embeddings, norms, router and attention core run in fp32; linear layers and experts at
-    `precision`; the output head in bf16 unless precision is fp32.
+    `precision`; the output head in bf16 unless precision is fp32. With `checkpoint_blocks` set, a
+    forward under autograd keeps only each block's input and recomputes the block in backward.
     """
 
     rope_cos: torch.Tensor  # buffers (register_buffer)
@@ -77,6 +81,7 @@ class Transformer(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
         self.precision = "fp32"
         self.set_precision(precision)
+        self.checkpoint_blocks = False
 
     def set_precision(self, precision: str) -> None:
         """Choose the matmul precision of every linear layer and expert ("fp32", "bf16", "mxfp8")."""
@@ -122,6 +127,7 @@ class Transformer(nn.Module):
         cache: KVCache | SlotBatch | None = None,
         valid_BT: torch.Tensor | None = None,
         last_only: bool = False,
+        scoring: Scoring | None = None,
     ) -> ModelOutput:
         """Logits for every position (`last_only`: for the last one only, [B, 1, V], all a sampler needs).
         `routes` [B, T, L_moe, k] replays recorded expert choices (rows of -1 are routed afresh); `cache`
@@ -130,7 +136,10 @@ class Transformer(nn.Module):
 
         `valid_BT` [B, T] is 1 at real tokens and 0 at padding: padding is computed like any token (its
         outputs are masked by the caller) but does not count in the routers' training load, which
-        `update_router_biases` balances. Without it every position counts."""
+        `update_router_biases` balances. Without it every position counts.
+
+        With `scoring` the output has no logits: `scores` holds the log-probabilities (and entropies) of
+        the tokens it names, computed a chunk of positions at a time (crucible.model.scoring)."""
         self._check_tokens(tokens_BT, cache)
         B, T = tokens_BT.shape
         if routes is not None:
@@ -145,22 +154,34 @@ class Transformer(nn.Module):
             cos, sin = self.rope_cos[start : start + T], self.rope_sin[start : start + T]
         x = self.tok_embeddings(tokens_BT)
         chosen, moe_index = [], 0
+        recompute = self.checkpoint_blocks and torch.is_grad_enabled() and cache is None
         for block in self.layers:
             replay = None
             if routes is not None and hasattr(block, "moe"):
                 replay = routes[:, :, moe_index]
-            x, ids = block(x, cos, sin, cache, replay, valid_BT)
+            if recompute:
+                run = _once_counted(cast(TransformerBlock, block))
+                x, ids = checkpoint(run, x, cos, sin, replay, valid_BT, use_reentrant=False)
+            else:
+                x, ids = block(x, cos, sin, cache, replay, valid_BT)
             if ids is not None:
                 chosen.append(ids)
                 moe_index += 1
         if cache is not None:
             cache.advance(T)
+        routes_out = torch.stack(chosen, dim=2) if chosen else None
         h = self.norm(x[:, -1:] if last_only else x)
+        if scoring is not None:
+            if tuple(scoring.where_BT.shape) != (B, T):
+                raise ValueError(f"scoring.where_BT must have the tokens' shape {(B, T)}")
+            empty = h.new_zeros(B, 0, self.cfg.vocab_size, dtype=torch.float32)
+            return ModelOutput(logits=empty, routes=routes_out, scores=score(h, self._head, scoring))
+        return ModelOutput(logits=self._head(h).float(), routes=routes_out)
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
         if self.output is None:
-            logits = linear(h, self.tok_embeddings.weight, precision=self.head_precision)
-        else:
-            logits = self.output(h)
-        return ModelOutput(logits=logits.float(), routes=torch.stack(chosen, dim=2) if chosen else None)
+            return linear(h, self.tok_embeddings.weight, precision=self.head_precision)
+        return self.output(h)
 
     @torch.no_grad()
     def update_router_biases(self, *, rate: float | None = None) -> None:
@@ -204,6 +225,27 @@ class Transformer(nn.Module):
         ordered = routes.sort(dim=-1).values
         if ((ordered[..., 1:] == ordered[..., :-1]) & ~fresh[..., 1:]).any():
             raise ValueError("a token cannot be routed to the same expert twice in one layer")
+
+
+def _once_counted(block: TransformerBlock):
+    """The block as a checkpointed function: its routers count their load in the forward, not again when
+    backward recomputes it."""
+    calls = 0
+
+    def run(x, cos, sin, replay, valid):
+        nonlocal calls
+        calls += 1
+        routers = [block.moe.router] if hasattr(block, "moe") else []
+        counting = [r.counting for r in routers]
+        for r in routers:
+            r.counting = calls == 1
+        try:
+            return block(x, cos, sin, None, replay, valid)
+        finally:
+            for r, c in zip(routers, counting, strict=True):
+                r.counting = c
+
+    return run
 
 
 def _init_std(name: str, cfg: ModelConfig) -> float | None:

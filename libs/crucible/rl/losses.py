@@ -266,9 +266,3 @@ def _metrics(
     if entropy is not None:
         out["entropy"] = float(entropy[selected].mean())
     return out
-
-
-def entropy_from_logprobs(logp_BTV: torch.Tensor) -> torch.Tensor:
-    """Entropy of each position's distribution (tokens a constraint forbids have -inf, probability 0)."""
-    p = logp_BTV.exp()
-    return -(p * torch.where(p > 0, logp_BTV, torch.zeros_like(logp_BTV))).sum(-1)

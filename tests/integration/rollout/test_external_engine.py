@@ -25,7 +25,7 @@ from crucible.contracts.trajectories import check_trajectory
 from crucible.model.hf import load_pretrained
 from services.rollout.external import ExternalEngine, ExternalEngineError
 from services.trainer.batch import collate
-from services.trainer.policy import replayed_masks, token_logprobs
+from services.trainer.policy import token_logprobs
 
 pytestmark = pytest.mark.integration
 
@@ -93,9 +93,7 @@ async def test_an_episode_on_the_external_engine_is_recorded_exactly(served, bus
 
     batch = collate([trajectory], [1.0])
     with torch.no_grad():
-        recomputed = token_logprobs(
-            model, batch, temperature=1.0, allowed=replayed_masks(batch, engine.tool_calls)
-        )[0]
+        recomputed = token_logprobs(model, batch, temperature=1.0, tool_calls=engine.tool_calls)[0]
     sampled = batch.mask_BT > 0
     # under the replayed grammar: the server sampled from the masked distribution, as the trainer sees it
     assert torch.allclose(recomputed[sampled], batch.behaviour_logprobs_BT[sampled], atol=1e-4)

@@ -24,7 +24,7 @@ from crucible.model import PRESETS, ModelOutput, Transformer, build_model
 from crucible.model.hf import load_pretrained
 from services.rollout.engine import PolicyEngine
 from services.trainer.batch import collate
-from services.trainer.policy import replayed_masks, token_logprobs
+from services.trainer.policy import token_logprobs
 
 pytestmark = pytest.mark.integration
 AGENT = {"max_turns": 12, "max_action_tokens": 24, "max_observation_bytes": 48, "max_summary_tokens": 24}
@@ -110,9 +110,9 @@ async def test_an_episode_summarises_and_goes_on_in_a_new_context(
 
     batch = collate([trajectory], [1.0])
     assert batch.rows == len(starts)
-    allowed = None if engine.tool_calls is None else replayed_masks(batch, engine.tool_calls)
+    calls = engine.tool_calls
     with torch.no_grad():
-        recomputed = token_logprobs(model.eval(), batch, temperature=1.0, allowed=allowed)[0]
+        recomputed = token_logprobs(model.eval(), batch, temperature=1.0, tool_calls=calls)[0]
     sampled = batch.mask_BT > 0
     # bf16: the rollout's incremental decode and the trainer's whole-row forward round apart by ~1e-2
     assert torch.allclose(recomputed[sampled], batch.behaviour_logprobs_BT[sampled], atol=2e-2)
@@ -121,10 +121,10 @@ async def test_an_episode_summarises_and_goes_on_in_a_new_context(
     flat = collate([type(trajectory)(**{**_fields(trajectory), "context_starts": []})], [1.0])
     if len(tokens) > engine.model_config.max_seq_len:
         with pytest.raises(ValueError, match="past the limit"), torch.no_grad():
-            token_logprobs(model.eval(), flat, temperature=1.0, allowed=allowed)
+            token_logprobs(model.eval(), flat, temperature=1.0, tool_calls=calls)
         return
     with torch.no_grad():
-        wrong = token_logprobs(model.eval(), flat, temperature=1.0, allowed=allowed)[0]
+        wrong = token_logprobs(model.eval(), flat, temperature=1.0, tool_calls=calls)[0]
     later = sampled.clone()
     later[:, : starts[1]] = False
     assert later.any(), "the policy acts again in its second context"

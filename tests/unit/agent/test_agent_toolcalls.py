@@ -17,6 +17,7 @@ from crucible.agent.toolcalls import (
     render_prompt,
 )
 from crucible.model.hf import from_transformers
+from crucible.model.scoring import unpack_allowed
 
 
 @pytest.fixture(scope="module")
@@ -67,11 +68,11 @@ def test_sampled_actions_parse_and_replay_to_the_recorded_logprobs(tokenizer, mo
         # the trainer's side: one forward over prompt + action, masks replayed from the sampled tokens
         sequence = prompt + action
         constrained = [False] * len(prompt) + [True] * len(action)
-        masks = grammar.replay_masks(sequence, constrained)
+        masks = unpack_allowed(grammar.replay(sequence, constrained), grammar.vocab_size)
         with torch.no_grad():
-            logits = model(torch.tensor([sequence])).logits[0, :-1]
-        logp = masked_logprobs(logits, masks[1:]).gather(-1, torch.tensor(sequence[1:])[:, None])[:, 0]
-        assert torch.allclose(logp[len(prompt) - 1 :], torch.tensor(recorded), atol=1e-4)
+            logits = model(torch.tensor([sequence])).logits[0, len(prompt) - 1 : -1]
+        logp = masked_logprobs(logits, masks).gather(-1, torch.tensor(action)[:, None])[:, 0]
+        assert torch.allclose(logp, torch.tensor(recorded), atol=1e-4)
     assert len(names) >= 2, names  # the grammar does not force one tool
 
 

@@ -25,6 +25,7 @@ from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.contracts.messages import ObjectRef, TaskSpec
 from crucible.contracts.packing import unpack
 from crucible.contracts.runconfig import RunConfig
+from crucible.model.scoring import unpack_allowed
 from services.catalog.generator import generate_task
 
 CONFIG = RunConfig.model_validate(
@@ -152,8 +153,11 @@ def test_an_imported_conversation_plays_in_a_chat_models_format(tokenizer) -> No
     tokens, mask = unpack("u32", trajectory.tokens), unpack("u8", trajectory.loss_mask)
     constraints = unpack("u8", trajectory.constraints)
     # The trainer's replay of the grammar allows every trained token: its logprob is finite.
-    masks = calls.replay_masks(tokens, [c == grammar.TOOL_CALL for c in constraints])
-    assert all(masks[t, token] for t, token in enumerate(tokens) if mask[t])
+    constrained = [c == grammar.TOOL_CALL for c in constraints]
+    masks = unpack_allowed(calls.replay(tokens, constrained), calls.vocab_size)
+    at = [t for t, inside in enumerate(constrained) if inside]
+    assert all(constrained[t] for t in range(len(tokens)) if mask[t])
+    assert all(masks[row, tokens[t]] for row, t in enumerate(at) if mask[t])
     actions = tokenizer.decode([t for t, m in zip(tokens, mask, strict=True) if m])
     assert (
         actions.count("<tool_call>") == 3

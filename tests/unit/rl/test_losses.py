@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from crucible.contracts.runconfig import OptimSection
+from crucible.model.scoring import entropy_from_logprobs
 from crucible.rl.losses import (
     aggregate,
     cispo_objective,
     correction_weights,
-    entropy_from_logprobs,
     kl_estimate,
     policy_loss,
     ppo_objective,

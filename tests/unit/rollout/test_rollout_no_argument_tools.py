@@ -131,20 +131,19 @@ def test_the_trainers_loss_has_no_gradient_at_the_positions_after_submit():
     graded = GradedTrajectory(trajectory=trajectory, reward=reward, graded_at=0.0)
     batch = collate([graded.trajectory], [1.0])
 
-    logits = []
+    hidden = []
 
-    def keep_logits(module, args, out) -> None:
-        out.logits.retain_grad()
-        logits.append(out.logits)
+    def keep_hidden(module, args, out) -> None:
+        out.retain_grad()
+        hidden.append(out)
 
-    model.register_forward_hook(keep_logits)
+    model.norm.register_forward_hook(keep_hidden)  # the final hidden states: the output head's input
     model.train()
-    out = token_logprobs(model, batch, temperature=1.0)
-    logprobs = out[0] if isinstance(out, tuple) else out  # (logprobs, entropy) or logprobs alone
+    logprobs, _ = token_logprobs(model, batch, temperature=1.0)
     loss = -(batch.advantages_BT * logprobs * batch.mask_BT).sum()
     loss.backward()
-    grad_TV = logits[0].grad[0]
-    # logits at position p predict token p + 1: the tool token (sampled) is predicted at start - 1,
-    # the environment <end> after it at `start`, and nothing after it is sampled either
+    grad_TV = hidden[0].grad[0]
+    # the hidden state at position p predicts token p + 1: the tool token (sampled) is predicted at
+    # start - 1, the environment <end> after it at `start`, and nothing after it is sampled either
     assert grad_TV[start - 1].abs().sum() > 0
     assert grad_TV[start:].abs().sum() == 0
