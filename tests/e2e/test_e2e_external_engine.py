@@ -23,6 +23,8 @@ def test_rollouts_on_an_external_engine_follow_the_trained_versions(tmp_path) ->
     config = {
         "model": {"source": str(model), "precision": "bf16"},
         "agent": {"max_turns": 2, "max_action_tokens": 96, "max_observation_bytes": 200},
+        # every trajectory runs, none skipped for a zero advantage: the on-policy ratio is always measured
+        "optim": {"entropy_coef": 1e-6},
         "schedule": {
             "group_size": 2,
             "groups_per_step": 1,

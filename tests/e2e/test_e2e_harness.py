@@ -21,6 +21,8 @@ def test_a_harness_drives_episodes_that_are_graded_and_trained_on(tmp_path) -> N
     config = {
         "model": {"source": str(model), "precision": "bf16"},
         "agent": {"driver": "harness", "max_turns": 2, "max_action_tokens": 96, "max_observation_bytes": 200},
+        # every trajectory runs, none skipped for a zero advantage: the on-policy ratio is always measured
+        "optim": {"entropy_coef": 1e-6},
         "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1, "publish_every": 1},
         "tasks": {"difficulties": [1]},
     }

@@ -11,10 +11,12 @@ from run_wait import wait_until_ended
 from crucible.localstack import LocalStack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# ENTROPY: a step skips trajectories whose advantage is 0 unless an entropy or KL term reaches them; a
+# tiny entropy term makes every trajectory run, so the on-policy ratio is measured whatever the rewards.
 CONFIG = {
     "model": {"source": "package:smollm2-135m-instruct"},
     "agent": {"max_turns": 2, "max_action_tokens": 64, "max_observation_bytes": 400},
-    "optim": {"learning_rate": 1e-6},
+    "optim": {"learning_rate": 1e-6, "entropy_coef": 1e-6},  # entropy: see ENTROPY
     "schedule": {
         "group_size": 2,
         "groups_per_step": 1,

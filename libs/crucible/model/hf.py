@@ -2,7 +2,7 @@
 
 In: a directory with config.json and safetensors (one file, or shards with model.safetensors.index.json;
 experts stored per expert on disk or fused 3-D as transformers keeps them in memory), or a GGUF file
-(dequantized by transformers' GGUF loader). Out: a directory that
+(dequantized by transformers' GGUF loader, once per file: the result is cached). Out: a directory that
 `transformers.AutoModelForCausalLM.from_pretrained` loads with the same logits, so the usual inference
 stacks (vLLM, SGLang) can serve a trained policy.
 
@@ -14,8 +14,10 @@ maps onto `ModelConfig` fields; nothing is a separate implementation.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -409,16 +411,15 @@ def load_pretrained(path: str | os.PathLike, *, dtype: torch.dtype = torch.float
         raise ValueError(f"dtype must be one of {list(PRECISION_OF_DTYPE)}, got {dtype}")
     path = Path(path)
     if path.suffix == ".gguf":
-        hf, tensors, where = _read_gguf(path)
-    elif path.is_dir():
-        config_file = path / "config.json"
-        try:
-            hf = json.loads(config_file.read_text())
-        except (OSError, ValueError) as exc:
-            raise CheckpointError(f"{config_file}: cannot read: {exc}") from None
-        tensors, where = read_safetensors_dir(path), os.fspath(path)
-    else:
+        path = gguf_checkpoint(path)
+    if not path.is_dir():
         raise CheckpointError(f"{path}: neither a checkpoint directory nor a .gguf file")
+    config_file = path / "config.json"
+    try:
+        hf = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{config_file}: cannot read: {exc}") from None
+    tensors, where = read_safetensors_dir(path), os.fspath(path)
     cfg = config_from_hf(hf, where=where)
     return _instantiate(cfg, to_crucible(tensors, cfg, where=where), PRECISION_OF_DTYPE[dtype], where)
 
@@ -436,22 +437,80 @@ def _instantiate(cfg: ModelConfig, state: dict[str, torch.Tensor], precision: st
     return model.eval()
 
 
-def _read_gguf(path: Path) -> tuple[dict[str, Any], dict[str, torch.Tensor], str]:
-    """config and dequantized tensors of a GGUF file, through transformers' GGUF loader."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+def gguf_checkpoint(path: str | os.PathLike) -> Path:
+    """A GGUF file as a Hugging Face checkpoint directory (config.json, model.safetensors, the tokenizer's
+    files), converted on first use by transformers' GGUF loader and kept in the conversion cache
+    (`cache_dir()`), keyed by the file's sha256 and the converting libraries' versions. Dequantizing
+    takes tens of seconds on a CPU; reading the cached directory back takes about one."""
+    import transformers
 
+    path = Path(path)
     where = os.fspath(path)
     if not path.is_file():
         raise CheckpointError(f"{where}: no such file")
+    key = hashlib.sha256(f"gguf\n{transformers.__version__}\n{_version('gguf')}\n".encode())
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            key.update(block)
+    entry = cache_dir() / "gguf" / key.hexdigest()
+    if (entry / "model.safetensors").is_file():
+        return entry
+    partial = entry.with_name(f"{entry.name}.{os.getpid()}.partial")
     try:
-        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        partial.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(
+            f"{where}: cannot write its conversion to {partial.parent} ({exc}); "
+            "set CRUCIBLE_CACHE_DIR to a writable directory"
+        ) from None
+    try:
+        _convert_gguf(path, partial)
+        partial.rename(entry)
+    except OSError:
+        if not (entry / "model.safetensors").is_file():  # not a concurrent conversion that finished first
+            raise
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return entry
+
+
+def _convert_gguf(path: Path, out: Path) -> None:
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
         hf_model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except Exception as exc:  # the loader raises many types for a truncated or foreign file
         raise CheckpointError(
-            f"{where}: not a readable GGUF checkpoint: {type(exc).__name__}: {exc}"
+            f"{path}: not a readable GGUF checkpoint: {type(exc).__name__}: {exc}"
         ) from None
-    tensors = dict(hf_model.state_dict())
-    return config.to_dict(), tensors, where
+    (out / "config.json").write_text(hf_model.config.to_json_string(use_diff=False))
+    seen: set[int] = set()
+    tensors = {}  # safetensors stores no storage twice: tied weights get a copy each
+    for name, tensor in hf_model.state_dict().items():
+        pointer = tensor.untyped_storage().data_ptr()
+        tensors[name] = tensor.clone() if pointer in seen else tensor.contiguous()
+        seen.add(pointer)
+    save_file(tensors, out / "model.safetensors")
+    tokenizer.save_pretrained(out)
+
+
+def cache_dir() -> Path:
+    """Where converted checkpoints are kept: $CRUCIBLE_CACHE_DIR, else $XDG_CACHE_HOME/crucible, else
+    ~/.cache/crucible."""
+    if os.environ.get("CRUCIBLE_CACHE_DIR"):
+        return Path(os.environ["CRUCIBLE_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crucible"
+
+
+def _version(distribution: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return "none"
 
 
 def export_pretrained(model: Transformer, out: str | os.PathLike) -> Path:

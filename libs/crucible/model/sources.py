@@ -92,13 +92,15 @@ def read_config(found: Source) -> ModelConfig:
 
     if found.kind == "preset":
         return PRESETS[found.value]
-    if found.kind == "hf":
-        return config_from_hf(json.loads((Path(found.value) / "config.json").read_text()), where=found.value)
-    from transformers import AutoConfig
+    return config_from_hf(json.loads((checkpoint_dir(found) / "config.json").read_text()), where=found.value)
 
-    path = Path(found.value)
-    hf = AutoConfig.from_pretrained(path.parent, gguf_file=path.name).to_dict()
-    return config_from_hf(hf, where=found.value)
+
+def checkpoint_dir(found: Source) -> Path:
+    """A pretrained source as a Hugging Face checkpoint directory: its own, or its GGUF file's conversion
+    (crucible.model.hf.gguf_checkpoint: converted once, then cached)."""
+    from crucible.model.hf import gguf_checkpoint
+
+    return gguf_checkpoint(found.value) if found.kind == "gguf" else Path(found.value)
 
 
 def load_initial(found: Source, *, seed: int, precision: str) -> Transformer:
@@ -119,9 +121,7 @@ def read_tokenizer(found: Source) -> Any:
         return None
     from transformers import AutoTokenizer
 
-    path = Path(found.value)
-    if found.kind == "gguf":
-        return AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    path = checkpoint_dir(found)
     if not (path / "tokenizer_config.json").is_file() and not (path / "tokenizer.json").is_file():
         raise SourceError(f"{path} has no tokenizer files")
     return AutoTokenizer.from_pretrained(path)

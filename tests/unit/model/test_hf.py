@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from crucible.model import KVCache
-from crucible.model.hf import CheckpointError, export_pretrained, load_pretrained
+from crucible.model.hf import CheckpointError, cache_dir, export_pretrained, gguf_checkpoint, load_pretrained
 
 SIZES = dict(
     vocab_size=96, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -193,7 +193,7 @@ def test_bad_checkpoints_are_clear_errors(tmp_path: Path, edit, message: str) ->
 
 @pytest.mark.slow
 def test_smollm2_from_its_package_answers_through_its_chat_template_like_transformers() -> None:
-    from crucible.model.sources import package_file, resolve
+    from crucible.model.sources import load_tokenizer, package_file, resolve
 
     path = package_file("smollm2-135m-instruct")
     assert resolve("package:smollm2-135m-instruct").kind == "gguf"
@@ -204,6 +204,12 @@ def test_smollm2_from_its_package_answers_through_its_chat_template_like_transfo
     messages = [{"role": "user", "content": "What is the capital of France?"}]
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
     ids = ids if isinstance(ids, torch.Tensor) else ids["input_ids"]
+    # the weights came from the conversion cache, and so does the tokenizer Crucible uses
+    converted = gguf_checkpoint(path)
+    assert converted.parent.parent == cache_dir() and (converted / "model.safetensors").is_file()
+    cached = load_tokenizer("package:smollm2-135m-instruct")
+    again = cached.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    assert torch.equal(again if isinstance(again, torch.Tensor) else again["input_ids"], ids)
     ours = greedy_crucible(model, ids, 32)
     assert "Paris" in tokenizer.decode(ours)
     reference = transformers.AutoModelForCausalLM.from_pretrained(
@@ -234,6 +240,16 @@ def test_imported_models_run_in_bf16_and_mxfp8_and_replay_their_routes(family: s
         assert not torch.equal(model(x).routes, exact.routes)
         replayed = model(x, routes=exact.routes)
     assert torch.equal(replayed.routes, exact.routes)
+
+
+def test_a_gguf_whose_conversion_cannot_be_kept_is_a_clear_error(tmp_path: Path, monkeypatch) -> None:
+    from crucible.model.sources import package_file
+
+    not_a_directory = tmp_path / "cache"
+    not_a_directory.write_text("")
+    monkeypatch.setenv("CRUCIBLE_CACHE_DIR", str(not_a_directory))
+    with pytest.raises(CheckpointError, match="set CRUCIBLE_CACHE_DIR to a writable directory"):
+        load_pretrained(package_file("smollm2-135m-instruct"))
 
 
 def test_a_truncated_gguf_is_a_clear_error(tmp_path: Path) -> None:
