@@ -23,7 +23,7 @@ from pathlib import Path
 
 from crucible.agent.solutions import DemonstrationError
 from crucible.bus import Delivery
-from crucible.clients.checkpoints import load_weights
+from crucible.clients.checkpoints import committed_weights, load_weights
 from crucible.contracts import ContractError, subjects
 from crucible.contracts.events import RunStatus, RunStatusName
 from crucible.contracts.keys import finished_key
@@ -98,8 +98,8 @@ class RunJob:
             shutil.rmtree(self.work_dir, ignore_errors=True)
 
     async def _start(self) -> RunSteps:
-        """The worker group, the run's state (resumed, or version 0 made and saved), v0 or the saved
-        version published, the KL reference, and the graded consumer."""
+        """The worker group, the run's state (resumed, version 0 left by an earlier attempt, or version 0
+        made), that version published, the KL reference, and the graded consumer."""
         policy = await self.start_group()
         books = await self.resume()
         steps = self.steps = RunSteps(
@@ -113,11 +113,17 @@ class RunJob:
         )
         await self.out.event(RunStatus(status="running"))
         if books is None:
-            await self._initial_weights(policy)
+            # Step 0's state is version 0 (its weights, no optimizer state yet), published before any
+            # step: it needs no save of its own. An attempt that ended before the first save left it.
+            rt = self.rt
+            left = await committed_weights(bus=rt.bus, store=rt.store, run_id=self.run_id, version=0)
+            if left is None:
+                await self._initial_weights(policy)
+            else:
+                await asyncio.to_thread(policy.load_weights, left)
             if self.rt.stopping.is_set():
                 return steps
             steps.version = 0
-            await steps.save()
         await steps.publish()
         if self.config.optim.kl_coef > 0:  # the KL term's reference: version 0 as published
             _, state = await load_weights(bus=self.rt.bus, store=self.rt.store, run_id=self.run_id, version=0)

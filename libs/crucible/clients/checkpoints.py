@@ -439,3 +439,12 @@ async def load_weights(
 ) -> tuple[WeightsManifest, dict[str, torch.Tensor]]:
     """Fetch a version's manifest (the latest when None) and its verified tensors, full or delta."""
     return await WeightsFollower(bus=bus, store=store, run_id=run_id).load(version)
+
+
+async def committed_weights(
+    *, bus: Bus, store: ObjectStore, run_id: str, version: int
+) -> dict[str, torch.Tensor] | None:
+    """`version`'s verified tensors, or None when it was never committed."""
+    if await _committed(bus=bus, run_id=run_id, version=version) is None:
+        return None
+    return (await load_weights(bus=bus, store=store, run_id=run_id, version=version))[1]

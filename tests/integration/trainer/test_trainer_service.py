@@ -8,6 +8,7 @@ import time
 import uuid
 
 import pytest
+import torch
 
 from crucible.agent import grammar, tokenizer
 from crucible.bus import Bus
@@ -196,16 +197,17 @@ async def test_a_step_with_a_non_finite_reward_is_skipped_and_too_many_fail_the_
                     )
         recovered, failed = await _finished(bus, recovers), await _finished(bus, fails)
         step = (await bus.latest(subjects.EVENTS, subjects.events(recovers, "step"), Event)).data
-        # the trainer's state: the newest of two slots that reads whole
+        # the trainer's state: the newest of two slots that reads whole. Step 1's save is the run's first
+        # (step 0's state is version 0) and went to slot 0; slot 1 now holds a save torn mid-write.
         store = rt.store
-        await store.put_bytes(trainer_state_key(recovers, 1), b"torn")  # the newest save, step 1
+        await store.put_bytes(trainer_state_key(recovers, 1), b"torn")
         job = RunJob(rt=rt, created=RunCreated(run_id=recovers, name="nan", config=config, created_at=0.0))
         policy = await job.start_group()
         try:
-            books = await job.resume()  # the state before it, its ranks' files verified and loaded
+            books = await job.resume()  # the whole slot, its ranks' files verified and loaded
         finally:
             policy.close()
-        assert books is not None and (books.step, books.version) == (0, 0)
+        assert books is not None and (books.step, books.version) == (1, 1)
         kept = (
             rt.store
         )  # an S3 outage is not a torn state: never the older slot, since the newest may be there
@@ -261,3 +263,37 @@ async def test_runs_train_side_by_side_so_one_that_waits_blocks_no_other(common_
         ended = await _finished(bus, training)
         assert await bus.latest(subjects.RUNS, subjects.run_finished(waiting), RunFinished) is None
     assert ended.status == "finished" and ended.step == 1
+
+
+async def test_an_attempt_that_ended_before_its_first_save_resumes_from_the_version_0_it_published(
+    common_settings, tmp_path
+) -> None:
+    """Step 0's state is not saved: it is version 0, published before any step. The run's next attempt
+    starts from that version rather than making version 0 again. Here the second attempt's config has
+    another seed: made afresh, its version 0 would differ, and the checkpoints service would refuse it."""
+    from services.trainer.job import RunJob
+    from services.trainer.state import StateStore
+
+    run_id = f"run-{uuid.uuid4().hex[:12]}"
+    trainer = common_settings(TrainerSettings, ack_wait_s=30, heartbeat_s=5)
+    async with (
+        running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
+        running("trainer", trainer, trainer_setup) as rt,
+    ):
+        weights = []
+        for seed in (1, 2):
+            config = RunConfig.model_validate({"seed": seed, "model": {"source": "tiny-dense"}})
+            job = RunJob(rt=rt, created=RunCreated(run_id=run_id, name="v0", config=config, created_at=0.0))
+            try:
+                await job._start()
+                assert job.policy is not None
+                weights.append(await asyncio.to_thread(job.policy.weights))
+            finally:
+                await job._let_go()
+                if job.policy is not None:
+                    job.policy.close()
+        states = StateStore(store=rt.store, run_id=run_id, work_dir=tmp_path, world_size=1)
+        assert await states.resume(lambda directory: None) is None  # nothing was saved
+    first, second = weights
+    assert first is not None and second is not None and first.keys() == second.keys()
+    assert all(torch.equal(first[name], second[name]) for name in first)
