@@ -127,7 +127,9 @@ def arm(name: str, count: int, tokens: int, precision: str, grads_out: str | Non
     if grads_out:
         from safetensors.torch import save_file
 
-        save_file({n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None}, grads_out)
+        save_file(
+            {n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None}, grads_out
+        )
     return {
         "arm": name, "episodes": count, "tokens": sum(len(t.tokens) // 4 for t in trajectories),
         "precision": precision, "loss": loss, "seconds": round(seconds, 1),
@@ -150,7 +152,9 @@ def whole_batch_step(model, optimizer, spec, config, trajectories, advantages) -
     masks = torch.ones(*batch.tokens_BT.shape, vocab, dtype=torch.bool)
     for b, (tokens, constraints) in enumerate(zip(batch.tokens_BT, batch.constraints_BT, strict=True)):
         constrained = constraints == TOOL_CALL
-        masks[b, constrained] = unpack_allowed(spec.tool_calls.replay(tokens.tolist(), constrained.tolist()), vocab)
+        masks[b, constrained] = unpack_allowed(
+            spec.tool_calls.replay(tokens.tolist(), constrained.tolist()), vocab
+        )
     logits = model(batch.tokens_BT, valid_BT=batch.valid_BT).logits[:, :-1]
     logp = masked_logprobs(logits, masks[:, 1:], temperature=config.agent.temperature)
     picked = logp.gather(-1, batch.tokens_BT[:, 1:, None]).squeeze(-1)
@@ -178,7 +182,9 @@ def run_arm(name: str, count: int, tokens: int, precision: str, grads_out: str |
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--baseline-episodes", type=int, default=4)
@@ -195,7 +201,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         # the same step both ways at the baseline's size, fp32 matmuls: loss and gradients agree
         small = args.baseline_episodes
-        pair = [run_arm(a, small, args.tokens, "fp32", str(Path(tmp) / f"{a}.safetensors")) for a in ("whole", "rank")]
+        pair = [
+            run_arm(a, small, args.tokens, "fp32", str(Path(tmp) / f"{a}.safetensors"))
+            for a in ("whole", "rank")
+        ]
         grads = [load_file(str(Path(tmp) / f"{a}.safetensors")) for a in ("whole", "rank")]
     worst = max(float((grads[1][n] - g).norm() / g.norm().clamp(min=1e-30)) for n, g in grads[0].items())
     # the longest reduction a value passes through: the batch's tokens or the vocabulary (49152)
@@ -217,10 +226,14 @@ def main() -> None:
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"rank, {args.episodes} x {args.tokens} tokens: peak {rank['peak_rss_gb']:.2f} GB, "
-          f"floor {rank['floor_gb']:.2f} GB, working {result['rank_working_gb']:.2f} GB in {rank['seconds']} s")
-    print(f"whole batch, {small} x {args.tokens}: peak {whole['peak_rss_gb']:.2f} GB, "
-          f"working {result['whole_batch_working_gb']:.2f} GB")
+    print(
+        f"rank, {args.episodes} x {args.tokens} tokens: peak {rank['peak_rss_gb']:.2f} GB, "
+        f"floor {rank['floor_gb']:.2f} GB, working {result['rank_working_gb']:.2f} GB in {rank['seconds']} s"
+    )
+    print(
+        f"whole batch, {small} x {args.tokens}: peak {whole['peak_rss_gb']:.2f} GB, "
+        f"working {result['whole_batch_working_gb']:.2f} GB"
+    )
     print(f"fp32 equivalence at {small} episodes: {result['equivalence']}")
 
 
