@@ -175,10 +175,11 @@ class Transformer(nn.Module):
             if tuple(scoring.where_BT.shape) != (B, T):
                 raise ValueError(f"scoring.where_BT must have the tokens' shape {(B, T)}")
             empty = h.new_zeros(B, 0, self.cfg.vocab_size, dtype=torch.float32)
-            return ModelOutput(logits=empty, routes=routes_out, scores=score(h, self._head, scoring))
-        return ModelOutput(logits=self._head(h).float(), routes=routes_out)
+            return ModelOutput(logits=empty, routes=routes_out, scores=score(h, self.head, scoring))
+        return ModelOutput(logits=self.head(h).float(), routes=routes_out)
 
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
+    def head(self, h: torch.Tensor) -> torch.Tensor:
+        """The output head: final (normed) hidden states to logits."""
         if self.output is None:
             return linear(h, self.tok_embeddings.weight, precision=self.head_precision)
         return self.output(h)

@@ -20,7 +20,7 @@ from crucible.clients.sandbox import SandboxClient
 from crucible.contracts.packing import unpack
 from crucible.contracts.runconfig import RunConfig
 from crucible.contracts.trajectories import check_trajectory
-from crucible.model import PRESETS, ModelOutput, Transformer, build_model
+from crucible.model import PRESETS, Transformer, build_model
 from crucible.model.hf import load_pretrained
 from services.rollout.engine import PolicyEngine
 from services.trainer.batch import collate
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 AGENT = {"max_turns": 12, "max_action_tokens": 24, "max_observation_bytes": 48, "max_summary_tokens": 24}
 
 
-def _byte_engine() -> tuple[PolicyEngine, torch.nn.Module]:
+def _byte_engine() -> tuple[PolicyEngine, Transformer]:
     config = RunConfig.model_validate({"agent": {**AGENT, "context_policy": "summarize"}})
     engine = PolicyEngine(config=config, max_context=900)
     model = build_model(PRESETS[config.model.source], precision=config.model.precision, seed=config.seed)
@@ -43,7 +43,7 @@ def _byte_engine() -> tuple[PolicyEngine, torch.nn.Module]:
     return engine, _shifted(model, shift)
 
 
-def _chat_engine(tmp_path) -> tuple[PolicyEngine, torch.nn.Module]:
+def _chat_engine(tmp_path) -> tuple[PolicyEngine, Transformer]:
     checkpoint = save_chat_model(tmp_path / "hf")
     config = RunConfig.model_validate(
         {
@@ -133,9 +133,11 @@ async def test_an_episode_summarises_and_goes_on_in_a_new_context(
     assert wrong_error > 3 * error
 
 
-def _shifted(model: torch.nn.Module, shift: torch.Tensor) -> torch.nn.Module:
-    """The rollout's and the trainer's copies sample from, and recompute, the same pushed logits."""
-    model.register_forward_hook(lambda m, a, out: ModelOutput(logits=out.logits + shift, routes=out.routes))
+def _shifted(model: Transformer, shift: torch.Tensor) -> Transformer:
+    """The rollout's and the trainer's copies sample from, and recompute, the same pushed logits: the
+    instance's output head adds `shift` (the whole-sequence logits and the scored tokens both use it)."""
+    head = model.head
+    model.head = lambda h: head(h) + shift.to(h.device)
     return model
 
 
