@@ -1,7 +1,7 @@
 """The run dashboard: server-rendered pages over the same queries as the REST API.
 
     /                      runs, newest first
-    /runs/{run_id}         the run's curves, evaluations, checkpoints and latest trajectories
+    /runs/{run_id}         the run's curves, evaluations, checkpoints, tasks and latest trajectories
     /trajectories/{id}     one transcript: messages by side and policy version, tool calls, reward, tests
     /login?key=&next=      keep an API key in an HttpOnly, SameSite=Strict cookie (good for reads only)
     /logout                forget it
@@ -78,8 +78,9 @@ async def run_page(request: Request, run_id: str, session: SessionDep) -> HTMLRe
     checkpoints = await queries.list_checkpoints(session=session, run_id=run_id, limit=100)
     evals = await queries.list_evals(session=session, run_id=run_id, limit=100)
     trajectories = await queries.list_trajectories(session=session, run_id=run_id, limit=20)
+    tasks = await queries.list_task_records(session=session, run_id=run_id, limit=500)
     context = {"run": run, "checkpoints": checkpoints.items, "evals": evals.items,
-               "trajectories": trajectories.items, "charts": CHARTS}  # fmt: skip
+               "trajectories": trajectories.items, "tasks": tasks.items, "charts": CHARTS}  # fmt: skip
     return templates.TemplateResponse(request, "run.html", context)
 
 

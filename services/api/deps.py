@@ -11,7 +11,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from crucible.bus import Bus
 from crucible.contracts.inputs import PRINTABLE
 from services.api.commands import ConfigCheck
-from services.api.pagination import NUMBER_CURSOR, NUMBER_CURSOR_CHARS, TIME_ID_CURSOR, TIME_ID_CURSOR_CHARS
+from services.api.pagination import (
+    ID_CURSOR,
+    ID_CURSOR_CHARS,
+    NUMBER_CURSOR,
+    NUMBER_CURSOR_CHARS,
+    TIME_ID_CURSOR,
+    TIME_ID_CURSOR_CHARS,
+)
 
 
 async def _session(request: Request) -> AsyncIterator[AsyncSession]:
@@ -43,6 +50,10 @@ NumberCursorQuery = Annotated[
     str | None, Query(max_length=NUMBER_CURSOR_CHARS, pattern=NUMBER_CURSOR, description=_CURSOR)
 ]
 """The cursor of a listing by a number: steps, checkpoints."""
+IdCursorQuery = Annotated[
+    str | None, Query(max_length=ID_CURSOR_CHARS, pattern=ID_CURSOR, description=_CURSOR)
+]
+"""The cursor of a listing by an id: a run's tasks."""
 IdPath = Annotated[str, Path(min_length=1, max_length=200, pattern=PRINTABLE)]
 """A run, trajectory or evaluation id in a path."""
 TextQuery = Annotated[str | None, Query(max_length=1000, pattern=PRINTABLE)]

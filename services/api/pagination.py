@@ -2,9 +2,10 @@
 
 A cursor is the sort key of the last row served, one part per key column joined by `.`: a timestamp as
 microseconds since the epoch, an integer in decimal, a string (an id) as unpadded base64url of its
-UTF-8. Clients treat it as opaque. Every string of a listing's cursor pattern (`TIME_ID_CURSOR` or
-`NUMBER_CURSOR`, which the OpenAPI document states) is a position in that listing, so any of them is
-served: one the api never handed out pages from wherever it points (an empty page past the end).
+UTF-8. Clients treat it as opaque. Every string of a listing's cursor pattern (`TIME_ID_CURSOR`,
+`NUMBER_CURSOR` or `ID_CURSOR`, which the OpenAPI document states) is a position in that listing, so
+any of them is served: one the api never handed out pages from wherever it points (an empty page past
+the end).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ TIME_ID_CURSOR_CHARS = 1 + 17 + 1 + 4 * _ID_GROUPS + 3
 NUMBER_CURSOR = f"^{_NUMBER}$"
 """The cursor of a listing sorted by one integer: steps, checkpoints."""
 NUMBER_CURSOR_CHARS = 1 + 19
+ID_CURSOR = f"^{_ID}$"
+"""The cursor of a listing sorted by one id: a run's tasks."""
+ID_CURSOR_CHARS = 4 * _ID_GROUPS + 3
 
 
 class InvalidCursor(ValueError):

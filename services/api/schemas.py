@@ -56,6 +56,22 @@ class StepOut(BaseModel):
     created_at: datetime
 
 
+class TaskRecordOut(BaseModel):
+    """A run's record on one task: its graded training episodes, overall and over the most recent ones
+    (`recent_attempts`, at most crucible.db.task_records.RECENT), whose pass rate learnable sampling
+    weighs the task by."""
+
+    model_config = ConfigDict(from_attributes=True)
+
+    task_id: str
+    attempts: int
+    resolved: int
+    recent_attempts: int
+    recent_resolved: int
+    pass_rate: float
+    last_graded_at: datetime
+
+
 class MetricPoint(BaseModel):
     step: int
     version: int

@@ -72,6 +72,8 @@ async def setup(rt: Runtime[Settings]) -> None:
                 difficulties=request.difficulties,
                 rng=Random(request.seed),
                 split=request.split,
+                sampling=request.sampling,
+                run_id=request.run_id,
             )
         return SampleReply(tasks=tasks)
 

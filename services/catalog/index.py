@@ -15,6 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from crucible.bus import RequestError
 from crucible.contracts.messages import Expected, ObjectRef, TaskReply, TaskSecret, TaskSpec
 from crucible.db.models import Task
+from crucible.db.task_records import TaskRecord, task_records
 
 _UPSERT_BATCH = 200
 ROW_FIELDS = (
@@ -70,9 +71,12 @@ async def sample_tasks(
     difficulties: Sequence[int] | None,
     rng: Random,
     split: str = "train",
+    sampling: str = "uniform",
+    run_id: str = "",
 ) -> list[TaskSpec]:
     """`count` tasks of one split drawn at random: without repeats while the selection lasts, then round
-    after round."""
+    after round. `learnable` (train split only) weighs each task by its recent pass rate in `run_id`
+    (`learnable_weight`)."""
     if count < 1:
         raise RequestError("bad_request", f"count must be at least 1, got {count}")
     if difficulties is not None and not difficulties:
@@ -96,12 +100,46 @@ async def sample_tasks(
             f"task set {taskset!r} has no {split} task at difficulties {list(difficulties or [])}; "
             f"it has {levels}",
         )
+    weights = [1.0] * len(pool)
+    if sampling == "learnable":
+        if split != "train":
+            raise RequestError("bad_request", f"learnable sampling draws from the train split, not {split!r}")
+        records = {r.task_id: r for r in await task_records(session, run_id)}
+        weights = [learnable_weight(records.get(task_id)) for task_id in pool]
     chosen: list[str] = []
     while len(chosen) < count:
-        chosen += rng.sample(pool, k=min(len(pool), count - len(chosen)))
+        chosen += _draw(pool, weights, min(len(pool), count - len(chosen)), rng)
     rows = (await session.scalars(select(Task).where(Task.task_id.in_(set(chosen))))).all()
     by_id = {row.task_id: row for row in rows}
     return [task_spec(by_id[task_id]) for task_id in chosen]
+
+
+LEARNED_WEIGHT = 0.1
+"""A task the run always or never resolves, against 1 for one it resolves half the time (or never tried):
+rarely drawn, since its group's rewards are all equal and it teaches nothing, but not never, since the
+policy changes."""
+
+
+def learnable_weight(record: TaskRecord | None) -> float:
+    """How much a run should want a task next: 4 p (1 - p) for a recent pass rate p (1 at p = 1/2, where a
+    group's rewards differ the most), at least LEARNED_WEIGHT; 1 for a task it has not tried."""
+    if record is None or not record.recent_attempts:
+        return 1.0
+    p = record.pass_rate
+    return max(4.0 * p * (1.0 - p), LEARNED_WEIGHT)
+
+
+def _draw(pool: list[str], weights: list[float], k: int, rng: Random) -> list[str]:
+    """`k` distinct tasks, each draw in proportion to the weights of those left."""
+    if len(set(weights)) == 1:
+        return rng.sample(pool, k=k)
+    left = dict(zip(pool, weights, strict=True))
+    drawn = []
+    for _ in range(k):
+        (task,) = rng.choices(list(left), weights=list(left.values()))
+        drawn.append(task)
+        del left[task]
+    return drawn
 
 
 async def list_tasks(*, session: AsyncSession, taskset: str, split: str, limit: int) -> list[TaskSpec]:

@@ -208,6 +208,7 @@ class RunWorker:
                     count=1,
                     difficulties=self.config.tasks.difficulties,
                     seed=self.config.seed * 1_000_003 + index,
+                    sampling=self.config.tasks.sampling,
                 ),
                 timeout=30,
             )

@@ -16,7 +16,7 @@ from crucible.localstack import LocalStack
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
-def test_a_harness_drives_episodes_that_are_graded_and_trained_on(tmp_path) -> None:
+def test_a_harness_drives_episodes_that_are_graded_and_trained_on(stack: LocalStack, tmp_path) -> None:
     model = save_chat_model(tmp_path / "chat-model")
     config = {
         "model": {"source": str(model), "precision": "bf16"},
@@ -26,16 +26,15 @@ def test_a_harness_drives_episodes_that_are_graded_and_trained_on(tmp_path) -> N
         "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1, "publish_every": 1},
         "tasks": {"difficulties": [1]},
     }
-    with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
-        client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
-        created = client.post("/v1/runs", json={"name": "harness", "config": config})
-        assert created.status_code == 201, created.text
-        run_id = created.json()["run_id"]
-        run = wait_until_ended(stack, client, run_id, timeout=600)
-        assert run["status"] == "finished", run
-        trajectories = client.get(f"/v1/runs/{run_id}/trajectories", params={"limit": 100}).json()["items"]
-        steps = client.get(f"/v1/runs/{run_id}/steps").json()["items"]
-        detail = client.get(f"/v1/trajectories/{trajectories[0]['trajectory_id']}").json()
+    client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
+    created = client.post("/v1/runs", json={"name": "harness", "config": config})
+    assert created.status_code == 201, created.text
+    run_id = created.json()["run_id"]
+    run = wait_until_ended(stack, client, run_id, timeout=600)
+    assert run["status"] == "finished", run
+    trajectories = client.get(f"/v1/runs/{run_id}/trajectories", params={"limit": 100}).json()["items"]
+    steps = client.get(f"/v1/runs/{run_id}/steps").json()["items"]
+    detail = client.get(f"/v1/trajectories/{trajectories[0]['trajectory_id']}").json()
     assert len(trajectories) >= 2 and all(t["reward"] is not None for t in trajectories)
     assert {t["finish_reason"] for t in trajectories} <= {"submitted", "max_turns", "harness_exit", "context"}
     # the transcript is the model's chat template and the policy's own tool call, environment turns between

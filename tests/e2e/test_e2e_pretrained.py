@@ -28,18 +28,17 @@ CONFIG = {
 }
 
 
-def test_a_pretrained_model_trains_publishes_and_rolls_out(tmp_path) -> None:
-    with LocalStack(api_port=0, state_dir=tmp_path / "stack") as stack:
-        client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
-        created = client.post("/v1/runs", json={"name": "smollm2", "config": CONFIG})
-        assert created.status_code == 201, created.text
-        run_id = created.json()["run_id"]
-        run = wait_until_ended(stack, client, run_id, timeout=900)
-        assert run["status"] == "finished", run
-        trajectories = client.get(f"/v1/runs/{run_id}/trajectories", params={"limit": 100}).json()["items"]
-        steps = client.get(f"/v1/runs/{run_id}/steps").json()["items"]
-        checkpoints = client.get(f"/v1/runs/{run_id}/checkpoints").json()["items"]
-        detail = client.get(f"/v1/trajectories/{trajectories[0]['trajectory_id']}").json()
+def test_a_pretrained_model_trains_publishes_and_rolls_out(stack: LocalStack, tmp_path) -> None:
+    client = httpx.Client(base_url=stack.api_url, headers=stack.api_headers, timeout=30)
+    created = client.post("/v1/runs", json={"name": "smollm2", "config": CONFIG})
+    assert created.status_code == 201, created.text
+    run_id = created.json()["run_id"]
+    run = wait_until_ended(stack, client, run_id, timeout=900)
+    assert run["status"] == "finished", run
+    trajectories = client.get(f"/v1/runs/{run_id}/trajectories", params={"limit": 100}).json()["items"]
+    steps = client.get(f"/v1/runs/{run_id}/steps").json()["items"]
+    checkpoints = client.get(f"/v1/runs/{run_id}/checkpoints").json()["items"]
+    detail = client.get(f"/v1/trajectories/{trajectories[0]['trajectory_id']}").json()
     # the transcript shows the model's own text: its chat template and its tool call
     agent_text = "".join(s["text"] for s in detail["segments"] if s["role"] == "agent")
     assert agent_text.startswith("<tool_call>") and "<|im_start|>" in detail["segments"][0]["text"]

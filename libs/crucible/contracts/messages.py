@@ -84,6 +84,8 @@ class SampleRequest(Message, tag="catalog.sample.v1"):
     difficulties: list[int] | None = None
     seed: int | None = None
     split: str = "train"
+    sampling: Literal["uniform", "learnable"] = "uniform"
+    """`learnable`: by the run's recent pass rate on each task (RunConfig `tasks.sampling`)."""
 
 
 class ListRequest(Message, tag="catalog.list.v1"):

@@ -58,6 +58,11 @@ class TasksSection(Section):
         default=[1, 2], min_length=1, max_length=100
     )
     """Difficulty levels to sample, uniformly."""
+    sampling: Literal["uniform", "learnable"] = "uniform"
+    """How the catalog draws each group's task from the train split. `uniform`: every task alike.
+    `learnable`: by the run's recent pass rate on each task, 4 p (1 - p), so tasks it resolves sometimes
+    (groups whose rewards differ) come most, tasks it always or never resolves a tenth as often, and tasks
+    it has not tried as often as the best; held-out splits are never drawn from."""
 
 
 class ModelSection(Section):

@@ -1,14 +1,23 @@
-"""Reads about runs: the run, its steps, metric series and checkpoints."""
+"""Reads about runs: the run, its steps, metric series, checkpoints and record on each task."""
 
 from __future__ import annotations
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from crucible.db.models import Checkpoint, Run, Step
-from services.api.pagination import paginate
+from crucible.db.models import Checkpoint, Run, Step, Trajectory
+from crucible.db.task_records import task_records
+from services.api.pagination import decode_cursor, encode_cursor, paginate
 from services.api.queries.common import NotFound, require_run
-from services.api.schemas import CheckpointOut, MetricPoint, MetricsOut, Page, RunOut, StepOut
+from services.api.schemas import (
+    CheckpointOut,
+    MetricPoint,
+    MetricsOut,
+    Page,
+    RunOut,
+    StepOut,
+    TaskRecordOut,
+)
 
 
 async def get_run(*, session: AsyncSession, run_id: str) -> RunOut:
@@ -71,4 +80,16 @@ async def list_checkpoints(
     )
     return Page[CheckpointOut](
         items=[CheckpointOut.model_validate(r[0]) for r in rows], next_cursor=next_cursor
+    )
+
+
+async def list_task_records(
+    *, session: AsyncSession, run_id: str, limit: int, cursor: str | None = None
+) -> Page[TaskRecordOut]:
+    await require_run(session, run_id)
+    after = None if cursor is None else decode_cursor(cursor, [Trajectory.task_id])[0]
+    records = await task_records(session, run_id, after=after, limit=limit + 1)
+    next_cursor = encode_cursor([records[limit - 1].task_id]) if len(records) > limit else None
+    return Page[TaskRecordOut](
+        items=[TaskRecordOut.model_validate(r) for r in records[:limit]], next_cursor=next_cursor
     )

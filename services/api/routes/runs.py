@@ -12,13 +12,22 @@ from services.api.commands import cancel_run, create_run
 from services.api.deps import (
     BusDep,
     ConfigCheckDep,
+    IdCursorQuery,
     IdPath,
     LimitQuery,
     NumberCursorQuery,
     SessionDep,
     TimeCursorQuery,
 )
-from services.api.schemas import CheckpointOut, MetricsOut, Page, RunCreate, RunOut, StepOut
+from services.api.schemas import (
+    CheckpointOut,
+    MetricsOut,
+    Page,
+    RunCreate,
+    RunOut,
+    StepOut,
+    TaskRecordOut,
+)
 
 router = APIRouter(prefix="/v1/runs", tags=["runs"])
 NOT_FOUND: dict[int | str, dict[str, Any]] = {404: {"description": "No run with this id."}}
@@ -102,3 +111,12 @@ async def get_checkpoints(
 ) -> Page[CheckpointOut]:
     """Published weight versions, oldest first."""
     return await queries.list_checkpoints(session=session, run_id=run_id, limit=limit, cursor=cursor)
+
+
+@router.get("/{run_id}/tasks", responses=NOT_FOUND)
+async def get_task_records(
+    run_id: IdPath, session: SessionDep, limit: LimitQuery = 100, cursor: IdCursorQuery = None
+) -> Page[TaskRecordOut]:
+    """The run's record on each task it has graded training episodes of, by task id: episodes and
+    resolved ones, overall and recently (the pass rate `tasks.sampling = "learnable"` weighs tasks by)."""
+    return await queries.list_task_records(session=session, run_id=run_id, limit=limit, cursor=cursor)

@@ -26,6 +26,7 @@ async def test_pages_render_and_static_files_are_served(
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert 'id="chart-reward"' in page.text and 'href="/trajectories/t-1"' in page.text
     assert "/static/vendor/uPlot.iife.min.js" in page.text
+    assert '<table id="tasks">' in page.text and "<td>pybugs/1</td><td>1</td>" in page.text  # its record
     transcript = await client.get("/trajectories/t-1")
     assert (
         transcript.status_code == 200

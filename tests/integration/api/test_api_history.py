@@ -261,3 +261,22 @@ async def test_invalid_event_content_is_a_contract_error(
 ) -> None:
     with pytest.raises(ContractError, match=message):
         await event(sessionmaker, run_id, kind, **data)
+
+
+async def test_a_runs_tasks_show_its_record_on_each_and_page(
+    client: AsyncClient, sessionmaker: Maker, run_id: str, make_graded: Callable[..., GradedTrajectory]
+) -> None:
+    episodes = [("pybugs/1", True), ("pybugs/1", False), ("pybugs/2", False), ("pybugs/3", True)]
+    for i, (task_id, resolved) in enumerate(episodes):
+        message = make_graded(run_id, f"t-{i}", task_id=task_id, graded_at=1_700_000_000.0 + i)
+        reward = msgspec.structs.replace(message.reward, resolved=resolved)
+        await graded(sessionmaker, msgspec.structs.replace(message, reward=reward))
+    body = (await client.get(f"/v1/runs/{run_id}/tasks")).json()
+    assert [(t["task_id"], t["attempts"], t["resolved"], t["pass_rate"]) for t in body["items"]] == [
+        ("pybugs/1", 2, 1, 0.5), ("pybugs/2", 1, 0, 0.0), ("pybugs/3", 1, 1, 1.0),
+    ]  # fmt: skip
+    first = (await client.get(f"/v1/runs/{run_id}/tasks", params={"limit": 2})).json()
+    assert [t["task_id"] for t in first["items"]] == ["pybugs/1", "pybugs/2"]
+    rest = await client.get(f"/v1/runs/{run_id}/tasks", params={"limit": 2, "cursor": first["next_cursor"]})
+    assert [t["task_id"] for t in rest.json()["items"]] == ["pybugs/3"] and rest.json()["next_cursor"] is None
+    assert (await client.get("/v1/runs/run-nope/tasks")).status_code == 404
