@@ -212,9 +212,8 @@ def test_smollm2_from_its_package_answers_through_its_chat_template_like_transfo
     assert torch.equal(again if isinstance(again, torch.Tensor) else again["input_ids"], ids)
     ours = greedy_crucible(model, ids, 32)
     assert "Paris" in tokenizer.decode(ours)
-    reference = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32
-    ).eval()
+    # transformers' own model on the weights its GGUF loader made (the converted directory)
+    reference = transformers.AutoModelForCausalLM.from_pretrained(converted, dtype=torch.float32).eval()
     assert ours == greedy_hf(reference, ids, 32)
 
 
