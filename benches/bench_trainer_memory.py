@@ -127,9 +127,10 @@ def arm(name: str, count: int, tokens: int, precision: str, grads_out: str | Non
     if grads_out:
         from safetensors.torch import save_file
 
-        save_file(
-            {n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None}, grads_out
-        )
+        from crucible.parallel import full_grads
+
+        grads = full_grads(model)  # the rank's are sharded tensors (a mesh of one); the plain model's too
+        save_file({n: g.contiguous() for n, g in grads.items()}, grads_out)
     return {
         "arm": name, "episodes": count, "tokens": sum(len(t.tokens) // 4 for t in trajectories),
         "precision": precision, "loss": loss, "seconds": round(seconds, 1),
