@@ -108,7 +108,6 @@ class ToolCallGrammar:
         self.lark = lark
         """The grammar's text (llguidance's Lark dialect), as an external engine is sent it."""
         self.grammar = llguidance.LLMatcher.grammar_from_lark(lark)
-        self._bit_shifts = torch.arange(32, dtype=torch.int32)  # a bitmask word's 32 tokens
         problem = llguidance.LLMatcher.validate_grammar(self.grammar, self.ll_tokenizer)
         if problem:
             raise ToolCallError(f"the grammar does not compile: {problem}")
@@ -128,11 +127,12 @@ class ToolCallGrammar:
         """Boolean [vocab_size]: the tokens the grammar allows next (ids past the tokenizer's: never)."""
         import llguidance.torch as lt
 
+        from crucible.model.scoring import unpack_allowed
+
         bitmask = lt.allocate_token_bitmask(1, self.ll_tokenizer.vocab_size)
         lt.fill_next_token_bitmask(matcher, bitmask)
-        bits = (bitmask[0].unsqueeze(-1) >> self._bit_shifts) & 1
         allowed = torch.zeros(self.vocab_size, dtype=torch.bool)
-        allowed[: self.ll_tokenizer.vocab_size] = bits.flatten()[: self.ll_tokenizer.vocab_size].bool()
+        allowed[: self.ll_tokenizer.vocab_size] = unpack_allowed(bitmask[0], self.ll_tokenizer.vocab_size)
         return allowed
 
     def advance(self, matcher: Any, token: int) -> None:
