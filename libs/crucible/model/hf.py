@@ -14,6 +14,7 @@ maps onto `ModelConfig` fields; nothing is a separate implementation.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -442,17 +443,12 @@ def gguf_checkpoint(path: str | os.PathLike) -> Path:
     files), converted on first use by transformers' GGUF loader and kept in the conversion cache
     (`cache_dir()`), keyed by the file's sha256 and the converting libraries' versions. Dequantizing
     takes tens of seconds on a CPU; reading the cached directory back takes about one."""
-    import transformers
-
-    path = Path(path)
+    path = Path(path).resolve()
     where = os.fspath(path)
     if not path.is_file():
         raise CheckpointError(f"{where}: no such file")
-    key = hashlib.sha256(f"gguf\n{transformers.__version__}\n{_version('gguf')}\n".encode())
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            key.update(block)
-    entry = cache_dir() / "gguf" / key.hexdigest()
+    stat = path.stat()
+    entry = cache_dir() / "gguf" / _gguf_key(path, stat.st_size, stat.st_mtime_ns)
     if (entry / "model.safetensors").is_file():
         return entry
     partial = entry.with_name(f"{entry.name}.{os.getpid()}.partial")
@@ -472,6 +468,19 @@ def gguf_checkpoint(path: str | os.PathLike) -> Path:
     finally:
         shutil.rmtree(partial, ignore_errors=True)
     return entry
+
+
+@functools.lru_cache(maxsize=8)
+def _gguf_key(path: Path, size: int, mtime_ns: int) -> str:
+    """The file's sha256 with the converters' versions: read once per process while the file is unchanged
+    (its config, tokenizer and weights each ask for the conversion)."""
+    import transformers
+
+    key = hashlib.sha256(f"gguf\n{transformers.__version__}\n{_version('gguf')}\n".encode())
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            key.update(block)
+    return key.hexdigest()
 
 
 def _convert_gguf(path: Path, out: Path) -> None:
