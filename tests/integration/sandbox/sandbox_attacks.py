@@ -91,12 +91,17 @@ def sandbox_uid(settings: Settings) -> int:
 def service_processes(settings: Settings, needle: str | None = None) -> set[int]:
     """Host processes of this service's sandboxes (of one session, given its id as `needle`): the
     sandbox uid, and bubblewrap's command line or the process's mount table names the workspace root
-    (every sandbox binds files from it) or the session."""
+    (every sandbox binds files from it) or the session. A process whose cgroup is another replica's is
+    another service's, whatever its mount table shows (mounts propagate into sandboxes started meanwhile
+    by a service beside this one, e.g. on another pytest worker)."""
     needle = needle or str(settings.workspace_root)
     uid = sandbox_uid(settings)
     found = set()
     for pid in pids():
         if _uid(pid) != uid:
+            continue
+        groups = _read(f"/proc/{pid}/cgroup")
+        if "/crucible-sandbox-" in groups and f"/crucible-sandbox-{settings.replica}" not in groups:
             continue
         if needle in cmdline(pid) or needle in _read(f"/proc/{pid}/mountinfo"):
             found.add(int(pid))
