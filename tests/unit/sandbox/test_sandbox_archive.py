@@ -33,6 +33,7 @@ def test_accepts_a_plain_repository_with_inner_links():
         (make_tar({"big": "x" * 10_001}), "more than 10000 bytes"),
         (b"not a tarball at all", "not a readable tar.gz"),
     ],
+    ids=["absolute", "dotdot", "absolute-link", "dotdot-link", "members", "bytes", "not-a-tarball"],
 )
 def test_refuses(data, reason):
     with pytest.raises(BadArchive, match=reason):
