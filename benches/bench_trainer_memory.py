@@ -91,7 +91,9 @@ def rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def arm(name: str, count: int, tokens: int, precision: str, grads_out: str | None) -> dict:
+def arm(
+    name: str, count: int, tokens: int, precision: str, grads_out: str | None, micro_batch_tokens: int | None
+) -> dict:
     """One step of arm `name` in this process: its peak RSS, the shared floor, the loss (and gradients)."""
     import torch.distributed as dist
 
@@ -102,6 +104,8 @@ def arm(name: str, count: int, tokens: int, precision: str, grads_out: str | Non
         "model": {"source": MODEL, "precision": precision},
         "optim": {"learning_rate": 1e-6, "max_grad_norm": 1e9},
     })  # fmt: skip
+    if micro_batch_tokens:
+        config.parallel.micro_batch_tokens = micro_batch_tokens
     spec = PolicySpec.resolve(config)
     trajectories, advantages = episodes(count, tokens)
     torch.manual_seed(0)
@@ -133,7 +137,8 @@ def arm(name: str, count: int, tokens: int, precision: str, grads_out: str | Non
         save_file({n: g.contiguous() for n, g in grads.items()}, grads_out)
     return {
         "arm": name, "episodes": count, "tokens": sum(len(t.tokens) // 4 for t in trajectories),
-        "precision": precision, "loss": loss, "seconds": round(seconds, 1),
+        "precision": precision, "micro_batch_tokens": config.parallel.micro_batch_tokens,
+        "loss": loss, "seconds": round(seconds, 1),
         "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30,
         # the model loaded, plus gradients and AdamW's two moments: fp32, 4 bytes x 3 per parameter
         "floor_gb": (floor + 12 * params) / 2**30,
@@ -171,11 +176,20 @@ def whole_batch_step(model, optimizer, spec, config, trajectories, advantages) -
     return float(loss.detach())
 
 
-def run_arm(name: str, count: int, tokens: int, precision: str, grads_out: str | None = None) -> dict:
+def run_arm(
+    name: str,
+    count: int,
+    tokens: int,
+    precision: str,
+    grads_out: str | None = None,
+    micro_batch_tokens: int | None = None,
+) -> dict:
     command = [sys.executable, "-m", "benches.bench_trainer_memory", "--arm", name]
     command += ["--episodes", str(count), "--tokens", str(tokens), "--precision", precision]
     if grads_out:
         command += ["--grads-out", grads_out]
+    if micro_batch_tokens:
+        command += ["--micro-batch-tokens", str(micro_batch_tokens)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         return {"arm": name, "episodes": count, "error": done.stderr.strip().splitlines()[-1:]}
@@ -189,13 +203,18 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=32)
     parser.add_argument("--tokens", type=int, default=1000)
     parser.add_argument("--baseline-episodes", type=int, default=4)
+    parser.add_argument(
+        "--micro-batch-tokens", type=int, help="the rank's parallel.micro_batch_tokens (default: its default)"
+    )
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--arm", choices=["rank", "whole"], help=argparse.SUPPRESS)
     parser.add_argument("--precision", default="bf16", help=argparse.SUPPRESS)
     parser.add_argument("--grads-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.arm:
-        print(json.dumps(arm(args.arm, args.episodes, args.tokens, args.precision, args.grads_out)))
+        print(json.dumps(arm(
+            args.arm, args.episodes, args.tokens, args.precision, args.grads_out, args.micro_batch_tokens
+        )))  # fmt: skip
         return
     from safetensors.torch import load_file
 
@@ -210,7 +229,7 @@ def main() -> None:
     worst = max(float((grads[1][n] - g).norm() / g.norm().clamp(min=1e-30)) for n, g in grads[0].items())
     # the longest reduction a value passes through: the batch's tokens or the vocabulary (49152)
     tolerance = max(small * args.tokens, 49152) * 2.0**-24
-    rank = run_arm("rank", args.episodes, args.tokens, "bf16")
+    rank = run_arm("rank", args.episodes, args.tokens, "bf16", micro_batch_tokens=args.micro_batch_tokens)
     whole = run_arm("whole", small, args.tokens, "bf16")
     result = {
         "model": MODEL,
