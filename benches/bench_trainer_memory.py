@@ -103,9 +103,8 @@ def arm(
     config = RunConfig.model_validate({
         "model": {"source": MODEL, "precision": precision},
         "optim": {"learning_rate": 1e-6, "max_grad_norm": 1e9},
+        "parallel": {"micro_batch_tokens": micro_batch_tokens} if micro_batch_tokens else {},
     })  # fmt: skip
-    if micro_batch_tokens:
-        config.parallel.micro_batch_tokens = micro_batch_tokens
     spec = PolicySpec.resolve(config)
     trajectories, advantages = episodes(count, tokens)
     torch.manual_seed(0)

@@ -231,10 +231,11 @@ class ParallelSection(Section):
     launcher: Literal["local", "ray"] = "local"
     """`local`: the ranks are processes beside the trainer; `ray`: actors in a placement group of the
     trainer's Ray cluster (its `ray_address`), one bundle per device."""
-    micro_batch_tokens: int = Field(default=8192, ge=1, le=10_000_000)
+    micro_batch_tokens: int = Field(default=2048, ge=1, le=10_000_000)
     """A rank runs its slice of a step in micro-batches of trajectories of at most this many (padded)
     tokens each, accumulating their gradients: what a step holds is bounded by one micro-batch (a longer
-    trajectory is a micro-batch of its own)."""
+    trajectory is a micro-batch of its own). The default keeps a SmolLM2 step's working memory under
+    2 GB on a CPU at the same speed as 8192 (docs/benchmarks.md); a GPU wants more per micro-batch."""
     activation_checkpointing: bool = True
     """Keep only each transformer block's input in the forward and recompute the block in backward:
     about one more forward of compute for activations that no longer grow with the number of layers."""
