@@ -56,7 +56,8 @@ DEDUP_WINDOW_S = 6 * 3600.0
 CONNECT_ATTEMPTS = 5
 NO_RESPONDERS_GRACE_S = 0.5
 HOLD_BEAT_S = 5.0
-"""Ack-deadline extension while a message is held through an outage: well under any consumer's ack wait."""
+"""Ack-deadline extension while a message is held through an outage; a third of the consumer's ack wait
+where that is shorter."""
 _VIOLATION = re.compile(
     r'permissions violation for (?:publish|subscription) to "(?P<subject>[^"]+)"', re.IGNORECASE
 )
@@ -401,6 +402,11 @@ class Bus:
             max_ack_pending=max(max_ack_pending, batch),
         )
         psub = await self.js.pull_subscribe(filter_subject, durable=durable, stream=stream, config=config)
+        # An existing durable keeps the ack wait it was made with: the hold beat follows the server's.
+        kept = (await psub.consumer_info()).config.ack_wait or ack_wait
+        if abs(kept - ack_wait) > 1e-3:
+            log.warning("the durable keeps its own ack wait", consumer=durable, ack_wait=kept, asked=ack_wait)
+        beat_s = min(HOLD_BEAT_S, kept / 3)
         try:
             while not stop.is_set():
                 try:
@@ -414,7 +420,9 @@ class Bus:
                     await asyncio.sleep(1.0)
                     continue
                 for msg in msgs:
-                    await self._deliver(msg, stream, durable, handler, message_type, max_deliver, stop)
+                    await self._deliver(
+                        msg, stream, durable, handler, message_type, max_deliver, stop, beat_s
+                    )
         finally:
             try:
                 await psub.unsubscribe()
@@ -430,6 +438,7 @@ class Bus:
         type_: type[M],
         max_deliver: int,
         stop: asyncio.Event,
+        beat_s: float,
     ) -> None:
         meta = msg.metadata
         headers = dict(msg.headers or {})
@@ -441,7 +450,7 @@ class Bus:
             msg_id=headers.get("Nats-Msg-Id"),
         )
         try:
-            await self._handle(delivery, stream, durable, handler, type_, max_deliver, stop)
+            await self._handle(delivery, stream, durable, handler, type_, max_deliver, stop, beat_s)
         finally:
             if not delivery.held:
                 delivery.stop_keep_alive()
@@ -455,6 +464,7 @@ class Bus:
         type_: type[M],
         max_deliver: int,
         stop: asyncio.Event,
+        beat_s: float,
     ) -> None:
         msg = delivery.msg
         if delivery.attempt > max_deliver:
@@ -467,7 +477,7 @@ class Bus:
         def hold() -> None:  # the work found a dependency away: keep the message while it waits
             nonlocal our_beat
             delivery.held = False
-            our_beat = delivery.keep_alive(every_s=HOLD_BEAT_S)._beat
+            our_beat = delivery.keep_alive(every_s=beat_s)._beat
 
         async def work() -> None:
             message = await self._unpack(msg.data, dict(msg.headers or {}), type_)
