@@ -121,6 +121,14 @@ def _kv(path: Path) -> dict[str, int]:
     return out
 
 
+CGROUP_PREFIX = "crucible-sandbox-"
+
+
+def replica_cgroup(replica: str) -> str:
+    """The name of `replica`'s parent cgroup (its sessions' cgroups are folders in it)."""
+    return f"{CGROUP_PREFIX}{replica}"
+
+
 @dataclass
 class Cgroups:
     """Where this replica makes its sessions' cgroups, and the limits it writes into each."""
@@ -135,7 +143,7 @@ class Cgroups:
     def locate(replica: str) -> tuple[dict[str, Path], bool] | None:
         """Where `replica`'s parent cgroup per controller goes, and whether it is v2; None if nowhere."""
         own, mounts = _own_paths(), _mounts()
-        name = f"crucible-sandbox-{replica}"
+        name = replica_cgroup(replica)
         if all(c in mounts and c in own for c in CONTROLLERS):
             return {c: mounts[c] / own[c].lstrip("/") / name for c in CONTROLLERS}, False
         if "" in mounts and "" in own:

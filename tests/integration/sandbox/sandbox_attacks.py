@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.sandbox.isolation.cgroups import CGROUP_PREFIX, replica_cgroup
 from services.sandbox.settings import Settings
 
 REPO = {
@@ -92,8 +93,8 @@ def service_processes(settings: Settings, needle: str | None = None) -> set[int]
     """Host processes of this service's sandboxes (of one session, given its id as `needle`): the
     sandbox uid, and bubblewrap's command line or the process's mount table names the workspace root
     (every sandbox binds files from it) or the session. A process whose cgroup is another replica's is
-    another service's, whatever its mount table shows (mounts propagate into sandboxes started meanwhile
-    by a service beside this one, e.g. on another pytest worker)."""
+    another service's, whatever its mount table shows (the bubblewrap of a service beside this one, e.g.
+    on another pytest worker, stays in the host's mount namespace, whose table lists every mount)."""
     needle = needle or str(settings.workspace_root)
     uid = sandbox_uid(settings)
     found = set()
@@ -101,7 +102,7 @@ def service_processes(settings: Settings, needle: str | None = None) -> set[int]
         if _uid(pid) != uid:
             continue
         groups = _read(f"/proc/{pid}/cgroup")
-        if "/crucible-sandbox-" in groups and f"/crucible-sandbox-{settings.replica}" not in groups:
+        if f"/{CGROUP_PREFIX}" in groups and f"/{replica_cgroup(settings.replica)}" not in groups:
             continue
         if needle in cmdline(pid) or needle in _read(f"/proc/{pid}/mountinfo"):
             found.add(int(pid))
@@ -131,7 +132,7 @@ def mounts_under(root: Path) -> list[str]:
 
 def cgroup_dirs(replica: str) -> list[str]:
     """Folders of this replica's cgroups (its parent and one per session), in every hierarchy."""
-    name = f"crucible-sandbox-{replica}"
+    name = replica_cgroup(replica)
     found = []
     for line in _read("/proc/self/mountinfo").splitlines():
         left, _, right = line.partition(" - ")
