@@ -167,9 +167,19 @@ class RewardOut(BaseModel):
     quality: dict[str, float]
 
 
+class TokenUsageOut(BaseModel):
+    """Where an episode's tokens went; the parts add up to num_tokens."""
+
+    system: int = Field(description="The prompt's shared part: system prompt and tool definitions.")
+    task: int = Field(description="The rest of each context's prompt: the task (and a summary).")
+    observations: int = Field(description="Tool results and the template's tokens between turns.")
+    actions: int = Field(description="The policy's tool calls and summaries.")
+
+
 class TrajectoryDetail(TrajectorySummary):
     segments: list[Segment]
     tool_calls: list[ToolCallOut]
+    token_usage: TokenUsageOut | None = Field(description="null for episodes recorded before it was.")
     reward_detail: RewardOut
     final_diff: str
     rollout_replica: str

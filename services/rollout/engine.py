@@ -101,19 +101,21 @@ class PolicyEngine:
         context_exhausted).
         """
         budget = self.config.agent.max_action_tokens
-        temperature = self.config.agent.temperature
+        temperature, tools = self.config.agent.temperature, self.config.agent.tools
         action = {"name": None, "args": [], "exhausted": False, "constraint": grammar.TOOL, "sampled": 0}
 
         def choose(logits: torch.Tensor, version: int) -> bool:
             constraint = action["constraint"]
-            logp = grammar.constrained_logprobs(logits, torch.tensor(constraint), temperature=temperature)
+            logp = grammar.constrained_logprobs(
+                logits, torch.tensor(constraint), temperature=temperature, tools=tools
+            )
             token = state.pick(logp, generator)
             state.append_sampled(token, float(logp[token]), version, constraint)
             action["sampled"] += 1
             if constraint == grammar.TOOL:
                 action["name"] = tokenizer.tool_name(token)
                 if action["name"] in tokenizer.NO_ARGUMENT_TOOLS:
-                    state.append_env([tokenizer.END], version)
+                    state.append_env([tokenizer.END], version, part="actions")
                     return True
                 action["constraint"] = grammar.ARGS
             elif token == tokenizer.END:
@@ -121,7 +123,7 @@ class PolicyEngine:
             else:
                 action["args"].append(token)
             if action["sampled"] >= budget:
-                state.append_env([tokenizer.END], version)
+                state.append_env([tokenizer.END], version, part="actions")
                 return True
             if len(state) + 2 >= self.max_context:
                 action["exhausted"] = True
@@ -159,7 +161,7 @@ class PolicyEngine:
                 return True
             tool_calls.advance(matcher, token)
             if len(action) >= budget:
-                state.append_env([eos], version)
+                state.append_env([eos], version, part="actions")
                 return True
             if len(state) + 2 >= self.max_context:
                 result["exhausted"] = True
@@ -197,14 +199,14 @@ class PolicyEngine:
                 return True
             text.append(token)
             if len(text) >= budget or len(state) + 2 >= self.max_context:
-                state.append_env([end], version)
+                state.append_env([end], version, part="actions")
                 return True
             return False
 
         if len(state) + 2 < self.max_context:
             await self._run(state, choose)
         else:
-            state.append_env([end], self.version)
+            state.append_env([end], self.version, part="actions")
         if self.tokenizer is None:
             return bytes(text).decode("utf-8", "replace")
         return self.tokenizer.decode(text, skip_special_tokens=True)

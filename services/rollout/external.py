@@ -269,7 +269,7 @@ class ExternalEngine:
         if completion.finish != "stop":
             return False
         if not completion.tokens or completion.tokens[-1] != eos:
-            state.append_env([eos], version)
+            state.append_env([eos], version, part="actions")
         return True
 
     async def sample_tool_call(
@@ -287,7 +287,8 @@ class ExternalEngine:
                 return None, None, False  # the grammar holds a call to this; an engine that ignored it
         if len(state) + 2 >= self.max_context:
             return None, None, True
-        state.append_env([self.tokenizer.eos_token_id], version)  # the budget ran out before the call closed
+        # the budget ran out before the call closed
+        state.append_env([self.tokenizer.eos_token_id], version, part="actions")
         return None, None, False
 
     async def sample_summary(self, state: EpisodeState, *, generator: torch.Generator) -> str:
@@ -300,5 +301,5 @@ class ExternalEngine:
             text = [t for t in completion.tokens if t != eos]
             if self._record(state, completion, version, grammar.FREE):
                 return self.tokenizer.decode(text, skip_special_tokens=True)
-        state.append_env([eos], self.version)
+        state.append_env([eos], self.version, part="actions")
         return self.tokenizer.decode(text, skip_special_tokens=True)

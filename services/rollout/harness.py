@@ -30,8 +30,14 @@ import torch
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from crucible.agent.episode import CHAT_SYSTEM_PROMPT, episode_trajectory, run_chat_tool, turn_fits
-from crucible.agent.toolcalls import TOOLS, ToolCallError, after_turn, render_prompt
+from crucible.agent.episode import (
+    CHAT_SYSTEM_PROMPT,
+    chat_prompt,
+    episode_trajectory,
+    run_chat_tool,
+    turn_fits,
+)
+from crucible.agent.toolcalls import ToolCallError, after_turn, agent_tools, render_prompt
 from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import TaskSpec, ToolCall, Trajectory
 from crucible.contracts.runconfig import RunConfig
@@ -40,7 +46,6 @@ from crucible.serving.engine import RequestError, Sampled
 from crucible.serving.protocol import ChatCompletionRequest, Message
 from services.rollout.engine import PolicyEngine
 
-TOOL_NAMES = sorted(t["function"]["name"] for t in TOOLS)
 OUTPUT_TAIL = 2000  # characters of a failed harness's stderr kept for the log
 
 
@@ -65,6 +70,7 @@ class HarnessEpisode:
         self.id = secrets.token_hex(16)
         self.engine, self.config, self.task, self.session = engine, config, task, session
         self.tool_timeout_s = tool_timeout_s
+        self.tools = agent_tools(config.agent.tools)
         self.state = engine.new_episode()
         self.generator = torch.Generator().manual_seed(seed)
         self.history: list[dict[str, str]] = []  # the conversation so far, in the template's terms
@@ -80,7 +86,7 @@ class HarnessEpisode:
             "model": self.config.model.source,
             "statement": self.task.statement,
             "system_prompt": CHAT_SYSTEM_PROMPT,
-            "tools": TOOLS,
+            "tools": self.tools,
             "max_turns": self.config.agent.max_turns,
         }
 
@@ -92,9 +98,9 @@ class HarnessEpisode:
             messages = [template_message(i, m) for i, m in enumerate(body.messages)]
             try:
                 new = (
-                    render_prompt(tokenizer, messages)
+                    render_prompt(tokenizer, messages, tools=self.tools)
                     if not self.history
-                    else after_turn(tokenizer, self.history, messages)
+                    else after_turn(tokenizer, self.history, messages, tools=self.tools)
                 )
             except ToolCallError as exc:
                 raise RequestError(
@@ -105,7 +111,11 @@ class HarnessEpisode:
                 raise RequestError(
                     f"the episode's context of {self.engine.max_context} tokens is spent", param="messages"
                 )
-            self.state.append_env(new, self.engine.version)
+            if self.history:
+                self.state.append_env(new, self.engine.version)
+            else:  # the prompt's part that a blank task shares is the system prompt and tools
+                blank = render_prompt(tokenizer, chat_prompt(""), tools=self.tools)
+                self.state.append_prompt(new, blank, self.engine.version)
             start = len(self.state)
             name, arguments, exhausted = await self.engine.sample_tool_call(
                 self.state, generator=self.generator
@@ -164,8 +174,9 @@ class HarnessEpisode:
             raise RequestError(f"the episode is over ({self.finish})")
         if body.stream or body.n != 1:
             raise RequestError("an episode's completions are one choice, not streamed", param="stream")
-        if sorted(t.function.name for t in body.tools or []) != TOOL_NAMES:
-            raise RequestError(f"an episode's tools are the run's: {', '.join(TOOL_NAMES)}", param="tools")
+        names = self.config.agent.tools
+        if sorted(t.function.name for t in body.tools or []) != sorted(names):
+            raise RequestError(f"an episode's tools are the run's: {', '.join(sorted(names))}", param="tools")
         if self.pending is not None:
             raise RequestError(
                 f"run the policy's {self.pending.name} call first (POST .../tools/{self.pending.name})"

@@ -12,7 +12,7 @@ returns `{"skipped": reason}`, so an expected outcome never breaks the group.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from crucible.agent.grammar import FREE, TOOL_CALL, allowed_table
+from crucible.agent.tokenizer import TOOLS
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.contracts.runconfig import RunConfig
 from crucible.model import Transformer
@@ -55,12 +56,13 @@ def token_logprobs(
     temperature: float,
     with_entropy: bool = False,
     tool_calls: ToolCallGrammar | None = None,
+    tools: Sequence[str] = TOOLS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """log pi(token_t | tokens_<t) at the sampled positions under what the sampler allowed there, [B, T]
     with 0 elsewhere, and (if asked) the entropy of each sampled position's distribution. A pretrained
     model's `tool_calls` grammar is replayed over the sampled tokens; without it, the byte-level table
-    under the recorded constraints. Only the sampled positions reach the output head, a chunk at a time
-    (crucible.model.scoring): no [B, T, vocabulary] tensor is made."""
+    of the run's `tools` under the recorded constraints. Only the sampled positions reach the output
+    head, a chunk at a time (crucible.model.scoring): no [B, T, vocabulary] tensor is made."""
     # The model runs one row per context (batch.to_rows); the values go back to the trajectories' layout.
     tokens = batch.to_rows(batch.tokens_BT)
     routes = None
@@ -71,7 +73,7 @@ def token_logprobs(
     sampled[:, 0] = False  # position 0 has no context to be sampled from
     where = torch.zeros_like(sampled)
     where[:, :-1] = sampled[:, 1:]  # the hidden state before a sampled token predicts it
-    allowed = _allowed(batch, sampled, model.cfg.vocab_size, tool_calls)
+    allowed = _allowed(batch, sampled, model.cfg.vocab_size, tool_calls, tools)
     if not sampled.any():
         # Nothing sampled (a rank's filler slice): score one token anyway, so that every rank's backward
         # reaches the same weights; its value is masked out below.
@@ -96,7 +98,11 @@ def token_logprobs(
 
 
 def _allowed(
-    batch: Batch, sampled_RT: torch.Tensor, vocab_size: int, tool_calls: ToolCallGrammar | None
+    batch: Batch,
+    sampled_RT: torch.Tensor,
+    vocab_size: int,
+    tool_calls: ToolCallGrammar | None,
+    tools: Sequence[str],
 ) -> torch.Tensor | None:
     """Packed allowed tokens [N, W] at the sampled positions (row-major over the model's rows), or None
     when every token was allowed at each of them."""
@@ -104,7 +110,7 @@ def _allowed(
         constraints = batch.to_rows(batch.constraints_BT)[sampled_RT]
         if bool((constraints == FREE).all()):
             return None
-        return pack_allowed(allowed_table(vocab_size, constraints.device)[constraints])
+        return pack_allowed(allowed_table(vocab_size, constraints.device, tools=tools)[constraints])
     # Replay each trajectory's grammar (over the trajectories' layout), then order its masks as the rows.
     words = -(-vocab_size // 32)
     sampled_BT = batch.from_rows(sampled_RT.to(torch.float32)) > 0
@@ -211,7 +217,8 @@ class PolicyRank:
         self.sft_optimizer = None
 
     def _scoring(self) -> dict:
-        return {"temperature": self.config.agent.temperature, "tool_calls": self.tool_calls}
+        agent = self.config.agent
+        return {"temperature": agent.temperature, "tool_calls": self.tool_calls, "tools": agent.tools}
 
     def _step(
         self,

@@ -5,8 +5,8 @@ A demonstration is an episode of the `Teacher`, an actor that plays fixed action
 them, in the same loop, token format and sandbox as the policy's episodes (crucible.agent.episode):
 its tokens are marked as the policy's (loss mask 1) and everything else is the environment's, so a
 supervised step trains exactly the tokens the policy would have to produce. Every action must fit the
-run's agent budget (turns, action tokens and, for a pretrained model, the tool-call grammar); one that
-does not raises DemonstrationError and the demonstration is left out.
+run's agent budget (its tools, turns, action tokens and, for a pretrained model, the tool-call grammar);
+one that does not raises DemonstrationError and the demonstration is left out.
 """
 
 from __future__ import annotations
@@ -51,7 +51,10 @@ class Teacher:
         return EpisodeState()
 
     def _next(self) -> Action:
-        return self.actions.pop(0) if self.actions else SUBMIT
+        action = self.actions.pop(0) if self.actions else SUBMIT
+        if action.name not in self.agent.tools:
+            raise DemonstrationError(f"calls {action.name}, which is not in agent.tools {self.agent.tools}")
+        return action
 
     async def sample_action(
         self, state: EpisodeState, *, generator: torch.Generator
@@ -70,7 +73,7 @@ class Teacher:
         for token in body:
             state.append_sampled(token, 0.0, self.version, grammar.ARGS)
         if not body:
-            state.append_env([tokenizer.END], self.version)
+            state.append_env([tokenizer.END], self.version, part="actions")
         return action.name, text, False
 
     async def sample_tool_call(

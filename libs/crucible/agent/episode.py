@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
 
 from crucible.agent import grammar, tokenizer
-from crucible.agent.toolcalls import ToolCallGrammar, after_action, after_turn, render_prompt
+from crucible.agent.toolcalls import ToolCallGrammar, after_action, after_turn, agent_tools, render_prompt
 from crucible.clients.sandbox import SandboxSession
-from crucible.contracts.messages import TaskSpec, ToolCall, Trajectory
+from crucible.contracts.messages import TOKEN_PARTS, TaskSpec, TokenUsage, ToolCall, Trajectory
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
 from crucible.contracts.sandbox import ToolResult
@@ -36,13 +37,17 @@ class EpisodeState:
     fed: int = 0  # tokens already run through the model
     greedy: bool = False
     """Take the most likely allowed token instead of sampling (an evaluation's pass@1 episode)."""
+    usage: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TOKEN_PARTS, 0))
+    """Tokens per part of the episode (TokenUsage's fields)."""
 
     def pick(self, logp: torch.Tensor, generator: torch.Generator) -> int:
         if self.greedy:
             return int(torch.argmax(logp))
         return int(torch.multinomial(logp.exp(), 1, generator=generator))
 
-    def append_env(self, tokens: list[int], version: int) -> None:
+    def append_env(self, tokens: list[int], version: int, *, part: str = "observations") -> None:
+        """Tokens of the environment (loss mask 0), counted under `part` of the usage."""
+        self.usage[part] += len(tokens)
         for token in tokens:
             self.tokens.append(token)
             self.logprobs.append(0.0)
@@ -52,14 +57,31 @@ class EpisodeState:
 
     def append_sampled(self, token: int, logprob: float, version: int, constraint: int) -> None:
         """A token the policy sampled, with the logprob of the distribution it was drawn from."""
+        self.usage["actions"] += 1
         self.tokens.append(token)
         self.logprobs.append(logprob)
         self.versions.append(version)
         self.loss_mask.append(1)
         self.constraints.append(constraint)
 
+    def append_prompt(self, prompt: list[int], blank: list[int], version: int) -> None:
+        """A context's prompt: the tokens it shares with `blank`, the same prompt for an empty task (the
+        system prompt and tool definitions every episode begins with), count as system, the rest as task."""
+        shared = common_prefix(prompt, blank)
+        self.append_env(prompt[:shared], version, part="system")
+        self.append_env(prompt[shared:], version, part="task")
+
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class Actor(Protocol):
@@ -98,17 +120,36 @@ class Actor(Protocol):
         """The episode is over, normally or not: free what it held."""
 
 
-SYSTEM_PROMPT = (
-    "You are a coding agent in a Python repository at /workspace. Fix the bug described below so that the "
-    "project's tests pass. Each turn, call one tool: read_file PATH | list_dir PATH | grep PATTERN | "
-    "replace PATH\\nOLD\\nNEW | run COMMAND | submit.\n"
-)
+USAGE = {
+    "read_file": "read_file PATH",
+    "list_dir": "list_dir PATH",
+    "grep": "grep PATTERN",
+    "replace": "replace PATH\\nOLD\\nNEW",
+    "run": "run COMMAND",
+    "submit": "submit",
+}
+"""How the byte-level system prompt shows each tool's call."""
+
+
+def system_prompt(tools: Sequence[str]) -> str:
+    """The byte-level agent's system prompt, naming only the run's tools."""
+    return (
+        "You are a coding agent in a Python repository at /workspace. Fix the bug described below so that "
+        f"the project's tests pass. Each turn, call one tool: {' | '.join(USAGE[t] for t in tools)}.\n"
+    )
 
 
 CHAT_SYSTEM_PROMPT = (
     "You are a coding agent in a Python repository. Fix the bug the user describes so that the project's "
     "tests pass: look at the files, edit them with replace, run the tests, then submit."
 )
+
+
+def chat_prompt(statement: str) -> list[dict[str, str]]:
+    """The conversation a pretrained model's episode begins with."""
+    return [{"role": "system", "content": CHAT_SYSTEM_PROMPT}, {"role": "user", "content": statement}]
+
+
 CONTEXT_RESERVE = 8  # <act>, a tool token and <end>, plus <eos>, always fit after an observation
 SUMMARY_REQUEST = (
     "Your context is nearly full. Summarise your work so far for yourself: what the bug is, which files "
@@ -244,6 +285,7 @@ def episode_trajectory(
         task_id=task.task_id,
         taskset=task.taskset,
         **packed_arrays(*states),
+        token_usage=TokenUsage(**{part: sum(state.usage[part] for state in states) for part in TOKEN_PARTS}),
         context_starts=starts if len(states) > 1 else [],
         token_text=[] if tokenizer is None else tokenizer.batch_decode([[t] for t in tokens]),
         tool_calls=calls,
@@ -259,10 +301,13 @@ async def _byte_turns(
     engine, config, task, session, contexts, generator, tool_timeout_s
 ) -> tuple[list[ToolCall], str]:
     """The byte-level agent of Crucible's presets: `<act><tool:NAME>ARGS<end>` turns."""
-    prompt = SYSTEM_PROMPT + "Task: " + task.statement
+    prompt = system_prompt(config.agent.tools) + "Task: "
     prompt_limit = min(4 * config.agent.max_observation_bytes, engine.max_context // 2)
+    blank = [tokenizer.BOS, *observation(prompt, limit=prompt_limit)]
     state = contexts.live
-    state.append_env([tokenizer.BOS, *observation(prompt, limit=prompt_limit)], engine.version)
+    state.append_prompt(
+        [tokenizer.BOS, *observation(prompt + task.statement, limit=prompt_limit)], blank, engine.version
+    )
     calls: list[ToolCall] = []
     finish = "max_turns"
     for turn in range(config.agent.max_turns):
@@ -271,8 +316,10 @@ async def _byte_turns(
             summary = await engine.sample_summary(state, generator=generator)
             state = await contexts.restart()
             summarised = tokenizer.encode(SUMMARY_INTRO + summary)  # never cut: it is all the policy keeps
-            state.append_env(
-                [tokenizer.BOS, *observation(prompt, limit=prompt_limit), *summarised], engine.version
+            state.append_prompt(
+                [tokenizer.BOS, *observation(prompt + task.statement, limit=prompt_limit), *summarised],
+                blank,
+                engine.version,
             )
             if not turn_fits(engine, config, state, []):
                 finish = "context"  # the task and the summary alone leave no room for a turn
@@ -308,13 +355,11 @@ async def _chat_turns(
 ) -> tuple[list[ToolCall], str]:
     """A pretrained model in its own chat template: each turn one tool call under the grammar, each
     result the template's tool turn (environment tokens)."""
-    tok = engine.tokenizer
-    messages = [
-        {"role": "system", "content": CHAT_SYSTEM_PROMPT},
-        {"role": "user", "content": task.statement},
-    ]
+    tok, tools = engine.tokenizer, agent_tools(config.agent.tools)
+    messages = chat_prompt(task.statement)
+    blank = render_prompt(tok, chat_prompt(""), tools=tools)
     state = contexts.live
-    state.append_env(render_prompt(tok, messages), engine.version)
+    state.append_prompt(render_prompt(tok, messages, tools=tools), blank, engine.version)
     calls: list[ToolCall] = []
     finish = "max_turns"
     for turn in range(config.agent.max_turns):
@@ -345,22 +390,24 @@ async def _chat_turns(
             _call(turn, name or "invalid", args_text, ok, text, time.perf_counter() - t0, start, end, version)
         )
         messages += [{"role": "assistant", "content": action}, {"role": "tool", "content": text}]
-        following = after_action(tok, messages)
+        following = after_action(tok, messages, tools=tools)
         if turn_fits(engine, config, state, following):
             state.append_env(following, engine.version)
             continue
         if config.agent.context_policy != "summarize":
             finish = "context"
             break
-        request = after_turn(tok, messages[:-1], [*messages, {"role": "user", "content": SUMMARY_REQUEST}])
+        request = after_turn(
+            tok, messages[:-1], [*messages, {"role": "user", "content": SUMMARY_REQUEST}], tools=tools
+        )
         if len(state) + len(request) + config.agent.max_summary_tokens + 1 > engine.max_context:
             finish = "context"  # the tool's output was longer than the reserve held for it
             break
         state.append_env(request, engine.version)
         summary = await engine.sample_summary(state, generator=generator)
         state = await contexts.restart()
-        messages = [messages[0], {"role": "user", "content": task.statement + SUMMARY_INTRO + summary}]
-        state.append_env(render_prompt(tok, messages), engine.version)
+        messages = chat_prompt(task.statement + SUMMARY_INTRO + summary)
+        state.append_prompt(render_prompt(tok, messages, tools=tools), blank, engine.version)
         if not turn_fits(engine, config, state, []):
             finish = "context"  # the task and the summary alone leave no room for a turn
             break

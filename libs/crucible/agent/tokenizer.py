@@ -6,7 +6,8 @@ trained from scratch. The tool tokens let the agent name a tool in one token.
 
 from __future__ import annotations
 
-TOOLS: tuple[str, ...] = ("read_file", "list_dir", "grep", "replace", "run", "submit")
+from crucible.contracts.runconfig import AGENT_TOOLS as TOOLS
+
 NO_ARGUMENT_TOOLS: frozenset[str] = frozenset({"submit"})
 """Tools that take no argument: their action is `<tool:NAME> <end>`, the `<end>` added by the environment,
 so the policy samples (and is trained on) only the tool token."""

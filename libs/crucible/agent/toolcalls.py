@@ -20,6 +20,7 @@ template that does not render tools (SmolLM2's) gets them in the system message 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -54,6 +55,16 @@ OPEN, CLOSE = "<tool_call>\n", "\n</tool_call>"
 
 class ToolCallError(ValueError):
     """A tokenizer or template the tool-call format cannot work with, or text that is not a tool call."""
+
+
+def agent_tools(names: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """The definitions of a run's tools (agent.tools), in TOOLS' order; None: all of them."""
+    if names is None:
+        return TOOLS
+    unknown = set(names) - {tool["function"]["name"] for tool in TOOLS}
+    if unknown:
+        raise ToolCallError(f"unknown tools {sorted(unknown)}")
+    return [tool for tool in TOOLS if tool["function"]["name"] in names]
 
 
 def action_schema(tools: list[dict[str, Any]] = TOOLS, *, max_chars: int | None = None) -> dict[str, Any]:
@@ -114,9 +125,10 @@ class ToolCallGrammar:
 
     @classmethod
     def for_agent(cls, tokenizer: Any, *, vocab_size: int, agent: AgentSection) -> ToolCallGrammar:
-        """The grammar a run's rollouts sample under and its trainer replays: string arguments bounded by
-        the action budget, so that a call can always close within it."""
-        return cls(tokenizer, vocab_size=vocab_size, max_chars=agent.max_action_tokens)
+        """The grammar a run's rollouts sample under and its trainer replays: a call to one of the run's
+        tools, string arguments bounded by the action budget, so that a call can always close within it."""
+        tools = agent_tools(agent.tools)
+        return cls(tokenizer, tools=tools, vocab_size=vocab_size, max_chars=agent.max_action_tokens)
 
     def matcher(self) -> Any:
         import llguidance

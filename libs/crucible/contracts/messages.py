@@ -135,6 +135,22 @@ class ToolCall(msgspec.Struct, kw_only=True):
     policy_version: int
 
 
+class TokenUsage(msgspec.Struct, kw_only=True, frozen=True):
+    """Where an episode's tokens went, summed over its contexts: they add up to its length."""
+
+    system: int = 0
+    """The prompt's shared part: system prompt and tool definitions, the same for every task."""
+    task: int = 0
+    """The rest of each context's prompt: the task statement (and, after a summary, the summary)."""
+    observations: int = 0
+    """Tool results and the template's tokens between turns, summary requests included."""
+    actions: int = 0
+    """The policy's tool calls and summaries, with the end tokens that close them."""
+
+
+TOKEN_PARTS: tuple[str, ...] = TokenUsage.__struct_fields__
+
+
 class Trajectory(Message, tag="trajectory.v1"):
     """One episode of one rollout. Per-token arrays are packed little-endian, all of length T."""
 
@@ -154,6 +170,8 @@ class Trajectory(Message, tag="trajectory.v1"):
     """Each token's text, from a pretrained model's own tokenizer (which the api does not load); empty
     for the byte tokenizer of Crucible's presets, which anyone decodes."""
     tool_calls: list[ToolCall] = msgspec.field(default_factory=list)
+    token_usage: TokenUsage | None = None
+    """Tokens spent on system and tools, task, observations and actions (None: recorded before it was)."""
     context_starts: list[int] = msgspec.field(default_factory=list)
     """Where each context of the episode begins in the per-token arrays, when it has more than one (a run
     with agent.context_policy = "summarize"): each context is a sequence of its own, attending only to

@@ -17,13 +17,17 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from crucible.contracts.inputs import PRINTABLE, Input
 from crucible.model.config import PRESETS
 from crucible.model.sources import PACKAGE_PREFIX, PACKAGES
+
+AgentTool = Literal["read_file", "list_dir", "grep", "replace", "run", "submit"]
+"""The builtin agent's tools, in the order the byte-level tokenizer numbers them."""
+AGENT_TOOLS: tuple[AgentTool, ...] = get_args(AgentTool)
 
 MAX_GROUP_SIZE = 64
 """The most episodes one group may have: the sandbox forks a group's copies in one call, at most this many."""
@@ -124,6 +128,19 @@ class AgentSection(Section):
     its actions; the trajectory records where each context began (`Trajectory.context_starts`)."""
     max_summary_tokens: int = Field(default=256, ge=8, le=8192)
     """Tokens the policy may sample for one summary."""
+    tools: list[AgentTool] = Field(default=list(AGENT_TOOLS), min_length=1, max_length=len(AGENT_TOOLS))
+    """The tools the policy may call, `submit` among them: the prompt describes only these (a chat
+    template's tool definitions, the byte-level system prompt) and the action grammar allows only these,
+    so a small model spends no context on tools a run does not use."""
+
+    @field_validator("tools")
+    @classmethod
+    def _tools(cls, tools: list[str]) -> list[str]:
+        if len(set(tools)) != len(tools):
+            raise ValueError(f"agent.tools names a tool twice: {tools}")
+        if "submit" not in tools:
+            raise ValueError("agent.tools must include submit: an episode ends when the policy submits")
+        return [t for t in AGENT_TOOLS if t in tools]  # one order, whatever order the run lists them in
 
 
 class OptimSection(Section):

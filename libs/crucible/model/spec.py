@@ -59,6 +59,8 @@ class PolicySpec:
     """Tokens per sequence: the model's max_seq_len, or less where the caller asked for less."""
     action_chars: int | None = None
     """Longest string argument of an agent's tool call (the agent's action budget); None: unbounded."""
+    tools: tuple[str, ...] | None = None
+    """The agent's tools (agent.tools) the action grammar allows; None: all of them."""
 
     @classmethod
     def resolve(cls, config: RunConfig, *, max_context: int | None = None) -> PolicySpec:
@@ -84,13 +86,12 @@ class PolicySpec:
 
     @property
     def tool_calls(self) -> ToolCallGrammar | None:
-        """The agent's action grammar (crucible.agent.toolcalls.TOOLS, strings bounded by `action_chars`):
-        the one rollouts sample under and the trainer replays. None for a preset; compiled once per
-        process."""
+        """The agent's action grammar (its `tools`, strings bounded by `action_chars`): the one rollouts
+        sample under and the trainer replays. None for a preset; compiled once per process."""
         if self.byte_level:
             return None
         return _agent_grammar(
-            self.kind, self.location, self.digest, self.architecture.vocab_size, self.action_chars
+            self.kind, self.location, self.digest, self.architecture.vocab_size, self.action_chars, self.tools
         )
 
     def grammar(
@@ -145,6 +146,7 @@ def resolve_policy(
         source=source, kind=kind, location=found.value, digest=digest, architecture=architecture,
         precision=precision, max_context=limit,
         action_chars=None if agent is None else agent.max_action_tokens,
+        tools=None if agent is None else tuple(agent.tools),
     )  # fmt: skip
 
 
@@ -189,8 +191,16 @@ def _tokenizer(kind: SourceKind, location: str, digest: str) -> Any:
 
 @lru_cache(maxsize=8)
 def _agent_grammar(
-    kind: SourceKind, location: str, digest: str, vocab_size: int, max_chars: int | None
+    kind: SourceKind,
+    location: str,
+    digest: str,
+    vocab_size: int,
+    max_chars: int | None,
+    tools: tuple[str, ...] | None,
 ) -> ToolCallGrammar:
-    from crucible.agent.toolcalls import ToolCallGrammar
+    from crucible.agent.toolcalls import ToolCallGrammar, agent_tools
 
-    return ToolCallGrammar(_tokenizer(kind, location, digest), vocab_size=vocab_size, max_chars=max_chars)
+    return ToolCallGrammar(
+        _tokenizer(kind, location, digest), tools=agent_tools(tools), vocab_size=vocab_size,
+        max_chars=max_chars,
+    )  # fmt: skip

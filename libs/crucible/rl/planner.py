@@ -3,7 +3,8 @@
 A pure function of the groups, the trainer's version and step, and the run config: no bus, no model, no
 clock. A trajectory whose oldest sampled token lags the trainer by more than `schedule.max_staleness`
 versions is dropped as stale; a group left with fewer than two members has no baseline and is dropped
-as alone; every other group gets the run's group-relative advantages. Rewards or advantages that are
+as alone; every other group gets the run's group-relative advantages. The plan's metrics describe the
+kept trajectories (rewards, staleness, tokens per episode by part). Rewards or advantages that are
 not finite make the step one to skip (`non_finite` names which), never one to train.
 """
 
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from crucible.contracts.messages import GradedTrajectory
+from crucible.contracts.messages import TOKEN_PARTS, GradedTrajectory, Trajectory
 from crucible.contracts.runconfig import RunConfig
 from crucible.contracts.trajectories import arrays
 from crucible.rl.advantages import group_advantages
@@ -84,7 +85,17 @@ def plan_step(
         "trajectories": float(len(kept)),
         "stale_dropped": float(len(stale)),
         **{f"staleness_lag_{lag}": float(lags.count(lag)) for lag in range(max(lags) + 1)},
+        **token_usage_means([g.trajectory for g in kept]),
     }
     return StepPlan(
         kept=kept, advantages=advantages, stale=stale, alone=alone, non_finite=non_finite, metrics=metrics
     )
+
+
+def token_usage_means(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Mean tokens per episode on each part (tokens_system, tokens_task, tokens_observations,
+    tokens_actions), over the trajectories that record it."""
+    usages = [t.token_usage for t in trajectories if t.token_usage is not None]
+    if not usages:
+        return {}
+    return {f"tokens_{part}": sum(getattr(u, part) for u in usages) / len(usages) for part in TOKEN_PARTS}

@@ -110,6 +110,7 @@ async def get_trajectory(*, session: AsyncSession, trajectory_id: str) -> Trajec
         | {
             "segments": transcript.segments(graded),
             "tool_calls": [msgspec.to_builtins(call) for call in traj.tool_calls],
+            "token_usage": None if traj.token_usage is None else msgspec.to_builtins(traj.token_usage),
             "reward_detail": RewardOut.model_validate(msgspec.to_builtins(graded.reward)),
             "final_diff": traj.final_diff,
             "rollout_replica": traj.rollout_replica,

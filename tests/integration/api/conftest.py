@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from crucible.agent import tokenizer
-from crucible.contracts.messages import GradedTrajectory, Reward, TestResult, ToolCall, Trajectory
+from crucible.contracts.messages import GradedTrajectory, Reward, TestResult, TokenUsage, ToolCall, Trajectory
 from crucible.contracts.packing import pack
 from crucible.db import make_engine, make_sessionmaker
 from crucible.db.migrate import upgrade_async
@@ -137,6 +137,9 @@ def _graded(
         loss_mask=pack("u8", [m for toks, m, _ in parts for _ in toks]),
         constraints=pack("u8", [0] * len(tokens)),
         tool_calls=[call],
+        token_usage=TokenUsage(
+            system=1, task=len(prompt) - 1, observations=len(observation), actions=len(action) + len(answer)
+        ),
         final_diff="--- a/calc.py\n+++ b/calc.py\n",
         finish_reason=finish_reason,
     )

@@ -69,6 +69,8 @@ async def test_transcript_shows_text_by_side_and_version_tool_calls_and_reward(
     assert body["reward"] == 0.5 and body["reward_detail"]["components"] == {"tests": 0.5}
     assert body["reward_detail"]["tests"] == [{"nodeid": "test_calc.py::test_add", "outcome": "passed"}]
     assert (body["version_min"], body["version_max"]) == (1, 2)
+    assert body["token_usage"] == {"system": 1, "task": 9, "observations": 10, "actions": 12}
+    assert sum(body["token_usage"].values()) == body["num_tokens"]
     assert body["graded_count"] == 1 and body["trained_count"] == 1 and body["trained_steps"] == [1]
     assert body["final_diff"].startswith("--- a/calc.py") and body["grader_replica"] == "grader-a"
 

@@ -7,20 +7,22 @@ import math
 
 import pytest
 
-from crucible.contracts.messages import GradedTrajectory, Reward, Trajectory
+from crucible.contracts.messages import GradedTrajectory, Reward, TokenUsage, Trajectory
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
 from crucible.rl.planner import plan_step
 
 
 def attempt(tid: str, reward: float, versions: list[int], *, resolved: bool = False) -> GradedTrajectory:
-    """Two prompt tokens (version 0, not sampled) then one sampled token per entry of `versions`."""
+    """Two prompt tokens (version 0, not sampled: one system, one task) then one sampled token per entry
+    of `versions`."""
     n = 2 + len(versions)
     trajectory = Trajectory(
         run_id="r", trajectory_id=tid, group_id=tid[0], task_id="t", taskset="s",
         tokens=pack("u32", list(range(n))), logprobs=pack("f32", [0.0] * n),
         versions=pack("u32", [0, 0, *versions]), loss_mask=pack("u8", [0, 0] + [1] * len(versions)),
         constraints=pack("u8", [0] * n),
+        token_usage=TokenUsage(system=1, task=1, actions=len(versions)),
     )  # fmt: skip
     reward_ = Reward(total=reward, tests_passed=0, tests_total=1, resolved=resolved)
     return GradedTrajectory(trajectory=trajectory, reward=reward_, graded_at=0.0)
@@ -53,6 +55,9 @@ def test_grpo_advantages_and_metrics_by_hand() -> None:
     # steps since the oldest token's version was published: 7 - 2 * publish_every(2) = 3
     assert m["token_age_steps_max"] == 3.0
     assert m["trajectories"] == 5.0 and m["stale_dropped"] == 0.0
+    # tokens per kept episode, by part: actions 2, 1, 1, 1, 2
+    assert (m["tokens_system"], m["tokens_task"], m["tokens_observations"]) == (1.0, 1.0, 0.0)
+    assert m["tokens_actions"] == pytest.approx(7 / 5)
 
 
 @pytest.mark.parametrize(

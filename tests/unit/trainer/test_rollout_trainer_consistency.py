@@ -81,6 +81,26 @@ def test_trainer_logprobs_equal_behaviour_logprobs_on_policy(temperature):
     assert allowed[constraints, tokens].all()
 
 
+def test_a_run_s_tools_bound_what_is_sampled_and_what_the_trainer_recomputes():
+    """With agent.tools a subset, only those tool tokens are drawn, and the trainer renormalises over the
+    same subset: over all six tools its logprobs would be lower than the behaviour's."""
+    tools = ["read_file", "replace", "submit"]
+    config = RunConfig.model_validate({"agent": {"max_action_tokens": 6, "tools": tools}})
+    engine = PolicyEngine(config=config, max_context=512)
+    model = build_model(PRESETS[config.model.source], precision=config.model.precision, seed=config.seed)
+    engine.swap({k: v.clone() for k, v in model.state_dict().items()}, 0)
+    batch = collate([g.trajectory for g in sample_group(engine, n=8, version=0)], [0.0] * 8)
+    picked = batch.tokens_BT[(batch.mask_BT > 0) & (batch.constraints_BT == grammar.TOOL)]
+    assert len(picked) == 16 and {tokenizer.tool_name(int(t)) for t in picked} <= set(tools)
+    at = (batch.mask_BT > 0) & (batch.constraints_BT == grammar.TOOL)
+    with torch.no_grad():
+        same = token_logprobs(model.eval(), batch, temperature=1.0, tools=config.agent.tools)[0]
+        every = token_logprobs(model.eval(), batch, temperature=1.0)[0]
+    sampled = batch.mask_BT > 0
+    assert torch.allclose(same[sampled], batch.behaviour_logprobs_BT[sampled], atol=5e-3)
+    assert (every[at] < batch.behaviour_logprobs_BT[at] - 1e-3).all()
+
+
 def test_a_step_moves_the_policy_towards_the_advantaged_trajectory():
     """One step of the trainer's worker group (one rank) on what the rollout sampled."""
     config = RunConfig.model_validate({"agent": {"max_action_tokens": 8}, "optim": {"learning_rate": 1e-2}})
