@@ -79,7 +79,9 @@ class Stack:
         """The run's resolved rate on its own training episodes, per step."""
         items = self.client.get(f"/v1/runs/{run['run_id']}/steps", params={"limit": 500}).json()["items"]
         return [{"step": s["step"], "resolved": s["metrics"].get("resolved_rate", 0.0),
-                 "reward": s["metrics"].get("reward_mean", 0.0)} for s in items]  # fmt: skip
+                 "reward": s["metrics"].get("reward_mean", 0.0),
+                 **{k: v for k, v in s["metrics"].items() if k.startswith("tokens_")}}
+                for s in items]  # fmt: skip
 
     def steps_of(self, run: dict[str, Any]) -> dict[int, int]:
         """version -> optimizer step it was published at."""
@@ -102,7 +104,7 @@ def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any
         "model": {"source": args.model},
         "tasks": {"taskset": "pybugs", "difficulties": [1]},
         "agent": AGENT,
-        "eval": {"split": "test", "samples": args.samples, "max_tasks": 1000, "at_end": True},
+        "eval": {"split": args.eval_split, "samples": args.samples, "max_tasks": 1000, "at_end": True},
     }
     sft = {"tasks": 1000, "batch_size": args.batch, "learning_rate": args.sft_lr}
     warm = stack.run(
@@ -114,7 +116,7 @@ def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any
                 "publish_every": 2, "max_staleness": 1}  # fmt: skip
     rl = stack.run(f"rl-{seed}", {
         **base, "model": {"source": args.model, "init": init}, "schedule": schedule,
-        "reward": {"shaping": args.shaping},
+        "reward": {"shaping": args.shaping}, "optim": {"learning_rate": args.rl_lr},
         "eval": {**base["eval"], "every_versions": args.eval_every},
     })  # fmt: skip
     steps = stack.steps_of(rl)
@@ -203,7 +205,14 @@ def main() -> None:
         help="reward.shaping of the RL arm: pays successful tool calls of an episode that changed the "
         "repository.",
     )
+    parser.add_argument("--rl-lr", type=float, default=1e-3, help="optim.learning_rate of the RL arm.")
     parser.add_argument("--samples", type=int, default=2, help="Sampled evaluation episodes per task.")
+    parser.add_argument(
+        "--eval-split",
+        choices=("validation", "test"),
+        default="test",
+        help="Held-out split the arms are evaluated on: validation to choose settings, test to report.",
+    )
     parser.add_argument("--timeout", type=float, default=1200.0, help="Seconds per run.")
     parser.add_argument("--plot", type=Path, default=Path("docs/learning.png"))
     parser.add_argument("--json", action="store_true")

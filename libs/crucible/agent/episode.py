@@ -21,6 +21,7 @@ from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import TOKEN_PARTS, TaskSpec, TokenUsage, ToolCall, Trajectory
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
+from crucible.model.sampling import sample
 from crucible.contracts.sandbox import ToolResult
 
 
@@ -43,7 +44,7 @@ class EpisodeState:
     def pick(self, logp: torch.Tensor, generator: torch.Generator) -> int:
         if self.greedy:
             return int(torch.argmax(logp))
-        return int(torch.multinomial(logp.exp(), 1, generator=generator))
+        return sample(logp, generator)
 
     def append_env(self, tokens: list[int], version: int, *, part: str = "observations") -> None:
         """Tokens of the environment (loss mask 0), counted under `part` of the usage."""

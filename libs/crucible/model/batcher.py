@@ -26,6 +26,7 @@ sampled token carries the version that made it.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -82,6 +83,8 @@ class BatcherStats:
     decode_rows: int = 0  # summed over decode forwards
     prefill_tokens: int = 0  # computed
     shared_tokens: int = 0  # copied from a shared prefix instead of computed
+    forward_s: float = 0.0  # in the model's forwards
+    choose_s: float = 0.0  # in the callers' `choose` (constraints, sampling, bookkeeping)
 
 
 class ContinuousBatcher:
@@ -354,12 +357,15 @@ class ContinuousBatcher:
             for r in requests
         ]
         batch = self._cache.batch([r.resident.slot for r in requests])
+        started = time.perf_counter()
         try:
             out = model(torch.tensor(tokens, dtype=torch.long), cache=batch, last_only=True)
         except Exception as exc:  # the inputs were checked: this is the model's own failure
             for request in requests:
                 self._finish(request, exc)
             return
+        chosen = time.perf_counter()
+        self.stats.forward_s += chosen - started
         if n == 1:
             self.stats.decode_rows += len(requests)
         else:
@@ -380,6 +386,7 @@ class ContinuousBatcher:
                 continue
             if done:
                 self._finish(request, None)
+        self.stats.choose_s += time.perf_counter() - chosen
 
     def _finish(self, request: _Request, error: BaseException | None) -> None:
         with self._cond:

@@ -22,6 +22,7 @@ import torch
 
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.model.batcher import BatcherError, ContinuousBatcher
+from crucible.model.sampling import sample
 from crucible.model.transformer import Transformer
 
 
@@ -200,7 +201,7 @@ class ServingEngine:
             if params.temperature == 0:
                 token = int(torch.argmax(logp))
             else:
-                token = int(torch.multinomial(logp.exp(), 1, generator=generator))
+                token = sample(logp, generator)
             top = []
             if params.top_logprobs:
                 values, ids = torch.topk(logp, min(params.top_logprobs, logp.numel()))

@@ -28,8 +28,9 @@ pytestmark = pytest.mark.integration
 
 
 def _engine(checkpoint, tokenizer) -> PolicyEngine:
-    """The replica's engine on the checkpoint's weights, its logits pushed towards tokens with a quote so
-    that the random model's string arguments close (and its calls are real calls)."""
+    """The replica's engine on the checkpoint's weights, its logits pushed towards tokens with a quote and
+    away from whitespace (which JSON allows between any two tokens), so that the random model's string
+    arguments close within the budget (and its calls are real calls)."""
     config = RunConfig.model_validate(
         {
             "model": {"source": str(checkpoint)},
@@ -40,8 +41,11 @@ def _engine(checkpoint, tokenizer) -> PolicyEngine:
     engine.swap(load_pretrained(checkpoint).state_dict(), 0)
     shift = torch.zeros(engine.model_config.vocab_size)
     for token in range(len(tokenizer)):
-        if '"' in tokenizer.decode([token]):
+        text = tokenizer.decode([token])
+        if '"' in text:
             shift[token] = 12.0
+        elif text and text.isspace():
+            shift[token] = -12.0
     engine.batcher.model.register_forward_hook(
         lambda m, a, out: ModelOutput(logits=out.logits + shift, routes=out.routes)
     )
