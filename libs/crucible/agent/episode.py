@@ -21,8 +21,8 @@ from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import TOKEN_PARTS, TaskSpec, TokenUsage, ToolCall, Trajectory
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
-from crucible.model.sampling import sample
 from crucible.contracts.sandbox import ToolResult
+from crucible.model.sampling import sample
 
 
 @dataclass
