@@ -190,6 +190,10 @@ async def warm_start(
         metrics = await asyncio.to_thread(policy.sft, batch, learning_rate=sft.learning_rate)
         losses.append(metrics["loss"])
         tokens += int(metrics["tokens"])
+        rt.log.info(
+            "warm start step", run_id=run_id, step=len(losses), of=sft.steps, loss=metrics["loss"],
+            seconds=round(time.perf_counter() - started, 1),
+        )  # fmt: skip
     await asyncio.to_thread(policy.end_sft)
     every = -(-len(losses) // MAX_REPORTED_LOSSES)
     rt.log.info(
