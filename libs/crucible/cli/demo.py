@@ -240,8 +240,9 @@ def _summary(*, client, run_id: str, stack, elapsed: float) -> dict[str, Any]:
             "resolved_rate_ci": [last_eval["resolved_rate"]["ci_low"], last_eval["resolved_rate"]["ci_high"]],
         },
         "learning": "a demo run this short does not learn: the reward is SWE-bench's resolved (0 unless the "
-        "fix is complete), which a randomly initialised policy almost never reaches in six steps; the "
-        "warm start + RL experiment is `python -m benches.bench_learning` (docs/benchmarks.md#learning)",
+        "fix is complete), which a policy with no warm start (the tiny preset, randomly initialised, or "
+        "SmolLM2-135M-Instruct as shipped) almost never reaches in a few steps; the warm start + RL "
+        "experiment is `python -m benches.bench_learning` (docs/benchmarks.md#learning)",
         "wall_seconds": round(elapsed, 1),
         "trajectories_per_minute": round(60 * len(trajectories) / max(elapsed, 1e-6), 2),
     }
