@@ -33,6 +33,7 @@ from fastapi.responses import JSONResponse
 from crucible.agent.episode import (
     CHAT_SYSTEM_PROMPT,
     chat_prompt,
+    clip,
     episode_trajectory,
     run_chat_tool,
     turn_fits,
@@ -204,7 +205,7 @@ class HarnessEpisode:
                 self.session, name, arguments, config=self.config, timeout_s=self.tool_timeout_s
             )
             self._record(action, args_text, result.ok, text, time.perf_counter() - t0)
-            output = result.output[: self.config.agent.max_observation_bytes]
+            output = clip(result.output, self.config.agent.max_observation_bytes)
             return {"ok": result.ok, "output": output, "error": result.error}
 
     def _record(self, action: _Action, args_text: str, ok: bool, output: str, duration: float) -> None:

@@ -214,10 +214,22 @@ def tool_arguments(name: str, text: str, *, timeout_s: float) -> dict:
     raise ValueError(f"unknown tool {name!r}")
 
 
+def clip(text: str, limit: int) -> str:
+    """At most `limit` characters of a tool's output: a longer one keeps its head and its tail around a
+    marker, since a command's verdict (a test run's summary, a traceback's last line) is at its end and
+    the head says what ran."""
+    if len(text) <= limit:
+        return text
+    room = max(limit - len(CUT), 0)
+    return text[: room - room // 2] + CUT[: limit - room] + text[len(text) - room // 2 :]
+
+
+CUT = "\n...\n"
+
+
 def observation(text: str, *, limit: int) -> list[int]:
-    data = text.encode("utf-8", "replace")
-    if len(data) > limit:
-        data = data[: limit - 4] + b"\n..."
+    """A byte-level observation of at most `limit` bytes (clipped as `clip` does, byte for byte)."""
+    data = clip(text.encode("utf-8", "replace").decode("latin-1"), limit).encode("latin-1")
     return [tokenizer.OBS, *data]
 
 
@@ -386,7 +398,7 @@ async def _chat_turns(
                 session, name, arguments, config=config, timeout_s=tool_timeout_s
             )
             ok = result.ok
-        text = text[: config.agent.max_observation_bytes]
+        text = clip(text, config.agent.max_observation_bytes)
         calls.append(
             _call(turn, name or "invalid", args_text, ok, text, time.perf_counter() - t0, start, end, version)
         )
@@ -422,7 +434,7 @@ async def run_chat_tool(
     extra = {"timeout_s": timeout_s} if name == "run" else {}
     result = await session.tool(name, **arguments, **extra)
     text = result.output if result.ok else f"error: {result.error}"
-    return result, text[: config.agent.max_observation_bytes]
+    return result, clip(text, config.agent.max_observation_bytes)
 
 
 def turn_fits(engine: Actor, config: RunConfig, state: EpisodeState, following: list[int]) -> bool:
