@@ -153,7 +153,7 @@ async def main(args: argparse.Namespace) -> dict:
         settings = Settings(
             nats_url=nats_url, redis_url=redis_url, s3_endpoint=servers[-1].endpoint,
             s3_access_key="crucible-bench", s3_secret_key=secret, s3_bucket=f"crucible-{name}",
-            workspace_root=root / "service", replica=name, log_level="WARNING",
+            workspace_root=root / "service", replica=name, max_sessions=256, log_level="WARNING",
         )  # fmt: skip
         async with running("sandbox", settings, setup) as rt:
             tasks = []
