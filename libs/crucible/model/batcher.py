@@ -10,10 +10,11 @@ and says whether it is done. Sequences join and leave between steps; each step i
    with a resident sequence whose cache was computed by the current weights (the G episodes of a group
    prefill their shared prompt once; different tasks share the system prompt);
 2. one decode forward for every sequence with exactly one token to feed (batch B, one position each);
-3. one prefill forward: the next chunk (at most `prefill_chunk` tokens) of the oldest sequence with more,
-   batched with the same chunk length of other sequences that have as much to feed, within
-   `prefill_chunk` tokens in all, so a long observation never stalls the decoding ones for more than
-   one chunk and a group's distinct prompts prefill together.
+3. one prefill forward: a chunk of the oldest sequence with more to feed, batched with the same chunk
+   length of other sequences that have as much, within `prefill_chunk` tokens in all; the length is the
+   one that feeds the most tokens (`_chunk`), so a long observation never stalls the decoding ones for
+   more than one chunk, and a group's distinct prompts, or observations of different lengths, prefill
+   together.
 
 The cache (`SlotCache`) holds one slot per resident sequence, kept between a sequence's turns (an
 episode's KV cache survives its tool calls) until `release`. A released slot keeps its cache until a slot
@@ -82,6 +83,7 @@ class BatcherStats:
     steps: int = 0
     decode_rows: int = 0  # summed over decode forwards
     prefill_tokens: int = 0  # computed
+    prefill_forwards: int = 0
     shared_tokens: int = 0  # copied from a shared prefix instead of computed
     forward_s: float = 0.0  # in the model's forwards
     choose_s: float = 0.0  # in the callers' `choose` (constraints, sampling, bookkeeping)
@@ -237,13 +239,26 @@ class ContinuousBatcher:
         # a request finished by the decode forward is its caller's again: its sequence may already grow
         waiting = [r for r in live if not r.future.done() and self._pending(r) > 1 and id(r) not in deferred]
         if waiting:  # the oldest's next chunk, with every other that has as much to feed, within the budget
-            n = min(self.prefill_chunk, self._pending(waiting[0]))
+            n = self._chunk(waiting)
             rows = [r for r in waiting if self._pending(r) >= n][: max(1, self.prefill_chunk // n)]
             self._forward(sorted(rows, key=lambda r: r.resident.slot), n)
         for request in live:
             if not request.future.done() and request.choose is None and self._pending(request) == 0:
                 self._finish(request, None)
         return True
+
+    def _chunk(self, waiting: list[_Request]) -> int:
+        """The chunk length of this step's prefill forward: at most the oldest waiting sequence's pending
+        tokens (it is always fed) and `prefill_chunk`, chosen to feed the most tokens in all, n x (the
+        sequences with at least n to feed, at most prefill_chunk // n of them). Observations of different
+        lengths then prefill together, a common length first, instead of one forward each."""
+        cap = min(self.prefill_chunk, self._pending(waiting[0]))
+        best, fed = cap, 0
+        for n in sorted({min(self._pending(r), cap) for r in waiting}, reverse=True):
+            rows = min(sum(self._pending(r) >= n for r in waiting), max(1, self.prefill_chunk // n))
+            if n * rows > fed:
+                best, fed = n, n * rows
+        return best
 
     @staticmethod
     def _pending(request: _Request) -> int:
@@ -370,6 +385,7 @@ class ContinuousBatcher:
             self.stats.decode_rows += len(requests)
         else:
             self.stats.prefill_tokens += n * len(requests)
+            self.stats.prefill_forwards += 1
         for b, request in enumerate(requests):
             resident, sequence = request.resident, request.resident.sequence
             if sequence.fed == 0:

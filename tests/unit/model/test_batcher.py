@@ -117,6 +117,37 @@ def test_a_shared_prompt_is_prefilled_once(model):
     batcher.close()
 
 
+def test_prompts_of_different_lengths_prefill_together(model):
+    """Four prompts of 16, 14, 12 and 10 tokens (the longest first): one forward feeds 10 of each, then
+    the rest; each sequence decodes what it decodes alone."""
+    prompts = [list(range(40 + 7 * i, 56 + 5 * i)) for i in range(4)]
+    assert [len(p) for p in prompts] == [16, 14, 12, 10]
+    alone = []
+    for prompt in prompts:
+        single = ContinuousBatcher(max_context=64, max_slots=1, prefill_chunk=64)
+        single.swap(model, 0)
+        seq = Seq(prompt)
+        single.run(seq, greedy(seq, 3))
+        single.close()
+        alone.append(seq)
+    batcher = ContinuousBatcher(max_context=64, max_slots=5, prefill_chunk=64)
+    batcher.swap(model, 0)
+    barrier = Seq([1, 2])  # holds the engine thread until all four are queued
+    gate = threading.Event()
+    batcher.submit(barrier, lambda logits, version: gate.wait(60) or True)
+    group = [Seq(p) for p in prompts]
+    futures = [batcher.submit(s, greedy(s, 3)) for s in group]
+    gate.set()
+    assert [f.result(timeout=120) for f in futures] == [None] * 4
+    # 4 x 10 tokens in one forward, then 2 x 4 of the remainders (6, 4, 2), then 2 x 2: three forwards
+    # where one per prompt (the longest first, each alone) took four
+    assert batcher.stats.prefill_tokens == 2 + sum(len(p) for p in prompts)
+    assert batcher.stats.prefill_forwards == 1 + 3  # the barrier's, then the four prompts
+    for a, b in zip(alone, group, strict=True):
+        assert a.tokens == b.tokens and b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+    batcher.close()
+
+
 def test_a_next_turn_continues_the_released_cache_and_a_swap_forgets_it(model):
     """A conversation's next request (its history + new tokens) takes over the slot its last request left,
     computing only the new tokens, with exactly the outputs of a fresh start; after a swap it starts over."""
