@@ -114,8 +114,11 @@ async def test_an_episode_summarises_and_goes_on_in_a_new_context(
     with torch.no_grad():
         recomputed = token_logprobs(model.eval(), batch, temperature=1.0, tool_calls=calls)[0]
     sampled = batch.mask_BT > 0
-    # bf16: the rollout's incremental decode and the trainer's whole-row forward round apart by ~1e-2
-    assert torch.allclose(recomputed[sampled], batch.behaviour_logprobs_BT[sampled], atol=2e-2)
+    # bf16: the rollout's incremental decode and the trainer's whole-row forward round apart. bf16 keeps 8
+    # significant bits, so a logit in [8, 16) (the shifted quote tokens) is held to one ulp, 2^-4: a token
+    # may differ by up to that, while the mean over hundreds of tokens stays far below it.
+    diff = (recomputed[sampled] - batch.behaviour_logprobs_BT[sampled]).abs()
+    assert float(diff.max()) <= 2**-4 and float(diff.mean()) <= 1e-3, (diff.max(), diff.mean())
     # fed as one sequence, the later contexts' tokens would see the earlier ones: other logprobs, or (the
     # chat model's episode being longer than its positions) no logprobs at all
     flat = collate([type(trajectory)(**{**_fields(trajectory), "context_starts": []})], [1.0])
