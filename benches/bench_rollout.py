@@ -29,11 +29,11 @@ import statistics
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from benches.bench_engine import Seq
 from crucible.agent.episode import run_episode
 from crucible.bus import Bus
 from crucible.clients.sandbox import SandboxClient, SandboxSession
@@ -54,13 +54,6 @@ from services.sandbox.settings import Settings
 SOURCE = "package:smollm2-135m-instruct"
 AGENT = {"max_turns": 4, "max_action_tokens": 128, "max_observation_bytes": 1000}
 MAX_CONTEXT = 4096
-
-
-@dataclass(eq=False)
-class Seq:
-    tokens: list[int]
-    fed: int = 0
-    routes: list = field(default_factory=list)
 
 
 def stats_delta(after: BatcherStats, before: BatcherStats) -> dict[str, float]:

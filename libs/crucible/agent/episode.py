@@ -22,6 +22,7 @@ from crucible.contracts.messages import TOKEN_PARTS, TaskSpec, TokenUsage, ToolC
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
 from crucible.contracts.sandbox import ToolResult
+from crucible.model.batcher import common_prefix
 from crucible.model.sampling import sample
 
 
@@ -74,15 +75,6 @@ class EpisodeState:
 
     def __len__(self) -> int:
         return len(self.tokens)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 class Actor(Protocol):

@@ -301,7 +301,7 @@ class ContinuousBatcher:
         for kept_slot, kept in self._kept.items():
             if kept.version != self._version:
                 continue
-            n = _common_prefix(sequence.tokens, kept.tokens, min(len(sequence.tokens) - 1, len(kept.tokens)))
+            n = common_prefix(sequence.tokens, kept.tokens, min(len(sequence.tokens) - 1, len(kept.tokens)))
             if n > best:
                 best, slot = n, kept_slot
         if slot is None:
@@ -345,11 +345,11 @@ class ContinuousBatcher:
                 or other.sequence.fed <= best
             ):
                 continue
-            n = _common_prefix(sequence.tokens, other.sequence.tokens, min(want, other.sequence.fed))
+            n = common_prefix(sequence.tokens, other.sequence.tokens, min(want, other.sequence.fed))
             if n > best:
                 best, source = n, other
         coming = max(
-            (_common_prefix(sequence.tokens, r.resident.sequence.tokens, want) for r in ahead), default=0
+            (common_prefix(sequence.tokens, r.resident.sequence.tokens, want) for r in ahead), default=0
         )
         if source is None:
             return coming > least
@@ -412,7 +412,8 @@ class ContinuousBatcher:
             request.future.set_result(error)
 
 
-def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:
+    """How many leading tokens `a` and `b` share (at most `limit`)."""
     n = 0
     for x, y in zip(a[:limit], b[:limit], strict=False):
         if x != y:
