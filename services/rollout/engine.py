@@ -59,10 +59,12 @@ class PolicyEngine:
         self.close()
 
     def _build(self) -> Transformer:
+        """A model for the swap's weights to fill (with the run's adapters, if it has any)."""
         if self.policy.byte_level:
             model = build_model(self.model_config, precision=self.policy.precision, seed=self.config.seed)
+            model = self.policy.adapt(model)
         else:  # the weights come with the swap
-            model = Transformer(self.model_config, precision=self.policy.precision)
+            model = self.policy.empty_model()
         model.eval()
         model.requires_grad_(False)
         return model

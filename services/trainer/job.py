@@ -29,12 +29,13 @@ from crucible.contracts.events import RunStatus, RunStatusName
 from crucible.contracts.keys import finished_key
 from crucible.contracts.messages import GradedTrajectory, RunCreated
 from crucible.contracts.trajectories import check_trajectory
+from crucible.model import lora
 from crucible.model.spec import PolicySpec
 from crucible.outage import Unavailable
 from crucible.runs import end_run, run_end
 from crucible.runtime import Runtime
 from services.trainer.group import NonFiniteStep, PolicyGroup
-from services.trainer.publishing import RunPublisher
+from services.trainer.publishing import ADAPTER_FULL_EVERY, RunPublisher
 from services.trainer.settings import Settings
 from services.trainer.sft import warm_start
 from services.trainer.state import Books, StateStore, StateUnreadable
@@ -59,7 +60,8 @@ class RunJob:
         )
         self.out = RunPublisher(
             bus=rt.bus, store=rt.store, run_id=self.run_id, config=self.config,
-            full_every=self.settings.full_every, source=self.settings.replica,
+            full_every=ADAPTER_FULL_EVERY if self.config.model.lora else self.settings.full_every,
+            source=self.settings.replica,
         )  # fmt: skip
         self.stop_consuming = asyncio.Event()
         self.consumer: asyncio.Task | None = None
@@ -164,6 +166,8 @@ class RunJob:
                 _, state = await load_weights(
                     bus=self.rt.bus, store=self.rt.store, run_id=run_id, version=int(version)
                 )
+                # That run's policy: its adapters, if it trained any, folded into its weights.
+                state = await asyncio.to_thread(lora.merge, state, self.spec.architecture)
                 await asyncio.to_thread(policy.load_weights, state)
             except Unavailable:
                 raise  # an outage, not a bad init: the run starts once the checkpoints service answers

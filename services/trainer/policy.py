@@ -23,7 +23,7 @@ from crucible.agent.grammar import FREE, TOOL_CALL, allowed_table
 from crucible.agent.tokenizer import TOOLS
 from crucible.agent.toolcalls import ToolCallGrammar
 from crucible.contracts.runconfig import RunConfig
-from crucible.model import Transformer
+from crucible.model import Transformer, lora
 from crucible.model.scoring import Scoring, pack_allowed
 from crucible.model.spec import PolicySpec
 from crucible.parallel import (
@@ -141,13 +141,17 @@ class PolicyRank:
             ParallelConfig(replicate=parallel.replicate, shard=parallel.shard, expert=parallel.ep),
             device_type=self.device.type,
         )
-        # Every rank builds the same plain model (same source and seed), then keeps its part of it.
+        # Every rank builds the same plain model (same source and seed, the same fresh adapters if the run
+        # has model.lora), then keeps its part of it. With adapters only they train.
         plain = spec.initial_model(seed=config.seed)
         self.cfg = plain.cfg
+        self.lora_spec = spec.lora
+        self.fresh_adapters: dict[str, torch.Tensor] = {}
+        if self.lora_spec is not None:
+            lora.freeze_base(plain)
+            self.fresh_adapters = {k: v.clone() for k, v in plain.state_dict().items() if lora.is_adapter(k)}
         self.model = parallelize(plain.to(self.device), mesh=mesh)
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=config.optim.learning_rate, weight_decay=0.0
-        )
+        self.optimizer = torch.optim.AdamW(self._trained(), lr=config.optim.learning_rate, weight_decay=0.0)
         self.sft_optimizer: torch.optim.Optimizer | None = None
         self.reference: Transformer | None = None  # the KL term's frozen start, whole on every rank
         self.tool_calls = spec.tool_calls  # the rollouts' action grammar, replayed over the sampled tokens
@@ -200,9 +204,7 @@ class PolicyRank:
         """One warm-start step: the negative log-likelihood of the demonstrations' policy tokens (mean per
         token of the whole batch) under the distribution the policy samples from, with its own AdamW."""
         if self.sft_optimizer is None:
-            self.sft_optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=learning_rate, weight_decay=0.0
-            )
+            self.sft_optimizer = torch.optim.AdamW(self._trained(), lr=learning_rate, weight_decay=0.0)
         batch = part.batch.to(self.device)
 
         def loss_of(piece: Batch) -> torch.Tensor:
@@ -212,6 +214,9 @@ class PolicyRank:
         sampled = batch.mask_BT.sum(-1) > 0
         metrics = self._step(self.sft_optimizer, batch, sampled, loss_of, self.config.optim.max_grad_norm)
         return {**metrics, "tokens": float(batch.mask_BT.sum())}
+
+    def _trained(self) -> list[torch.nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
 
     def end_sft(self) -> None:
         self.sft_optimizer = None
@@ -265,7 +270,7 @@ class PolicyRank:
         optimizer.step()
         if self.model.moe_layers:
             all_reduce_router_loads(self.model)
-        self.model.update_router_biases()
+        self.model.update_router_biases(rate=0.0 if self.lora_spec else None)  # adapters: the base is frozen
         loss = total.reshape(1).clone()
         dist.all_reduce(loss)
         return {"loss": float(loss), "grad_norm": grad_norm}
@@ -277,11 +282,15 @@ class PolicyRank:
         return {k: v.cpu() for k, v in state.items()} if dist.get_rank() == 0 else None
 
     def load_weights(self, state: dict[str, torch.Tensor]) -> None:
+        """Load a whole state dict; plain weights into a model with adapters keep the fresh adapters."""
+        if self.lora_spec is not None and not any(lora.is_adapter(k) for k in state):
+            state = {**state, **self.fresh_adapters}
         load_full_state_dict(self.model, state)
 
     def set_reference(self, state: dict[str, torch.Tensor]) -> None:
+        """The KL term's frozen policy: `state` with any adapters merged into a plain model."""
         reference = Transformer(self.cfg, precision=self.config.model.precision)
-        reference.load_state_dict(state, strict=True)
+        reference.load_state_dict(lora.merge(state, self.cfg), strict=True)
         self.reference = reference.requires_grad_(False).eval().to(self.device)
 
     def save(self, directory: str) -> None:

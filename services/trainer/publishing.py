@@ -19,6 +19,10 @@ from crucible.objectstore import ObjectStore
 from services.trainer.metrics import VERSION
 
 PUBLISH_ATTEMPTS = 5
+ADAPTER_FULL_EVERY = 1 << 62
+"""A run that trains adapters (model.lora) publishes one full snapshot, then deltas against it: the base
+weights never change, so every delta holds the adapters' bits and zstd frames of zeros, a few percent
+of the weights however many versions follow."""
 
 
 class RunPublisher:

@@ -97,36 +97,53 @@ def export(
     version: Annotated[
         int | None, typer.Option(help="The run's weight version (default: the latest).")
     ] = None,
+    adapter: Annotated[
+        bool,
+        typer.Option(
+            "--adapter",
+            help="A model.lora run: write its adapters as a PEFT adapter directory, not merged weights.",
+        ),
+    ] = False,
 ) -> None:
-    """Write weights as a Hugging Face checkpoint that transformers, vLLM or SGLang load."""
+    """Write weights as a Hugging Face checkpoint that transformers, vLLM or SGLang load (a run's adapters
+    merged into them), or a run's adapters alone as a PEFT adapter (--adapter)."""
     import shutil
 
-    from crucible.model.hf import CheckpointError, export_pretrained
+    from crucible.model.hf import CheckpointError, export_pretrained, export_weights
     from crucible.model.io import load_checkpoint
+    from crucible.model.lora import export_adapter
 
     if (checkpoint is None) == (run is None):
         raise _fail("give exactly one of --checkpoint and --run")
+    if adapter and run is None:
+        raise _fail("--adapter exports a run's adapters: give --run")
     try:
         if checkpoint is not None:
             model = load_checkpoint(checkpoint)
+            cfg = model.cfg
+            export_pretrained(model, out)
         else:
             assert run is not None  # exactly one of the two, checked above
-            model = asyncio.run(_run_model(run, version))
-        export_pretrained(model, out)
+            source, cfg, state = asyncio.run(_run_weights(run, version))
+            if adapter:
+                export_adapter(state, out, base_model=source)
+                typer.echo(f"{out}: PEFT adapter of {source}")
+                return
+            export_weights(state, cfg, out)
     except (CheckpointError, OSError, ValueError, LookupError) as exc:
         raise _fail(str(exc)) from None
     if checkpoint is not None:  # the tokenizer's files travel with the weights
         for file in checkpoint.iterdir():
             if file.name.startswith(("tokenizer", "special_tokens", "chat_template", "vocab", "merges")):
                 shutil.copy2(file, out / file.name)
-    typer.echo(f"{out}: {model.cfg.family or 'llama'}, {model.cfg.param_count():,} parameters")
+    typer.echo(f"{out}: {cfg.family or 'llama'}, {cfg.param_count():,} parameters")
 
 
-async def _run_model(run_id: str, version: int | None):
-    """A run's published weights (over the bus and the object store), in the model its config names."""
+async def _run_weights(run_id: str, version: int | None):
+    """A run's model source, architecture and published weights (over the bus and the object store)."""
     from crucible.bus import Bus
     from crucible.clients.checkpoints import load_weights
-    from crucible.model import Transformer
+    from crucible.model import Transformer, lora
     from crucible.model.sources import model_config
     from crucible.objectstore import ObjectStore
     from crucible.runs import run_config
@@ -142,9 +159,9 @@ async def _run_model(run_id: str, version: int | None):
         _manifest, state = await load_weights(bus=bus, store=store, run_id=run_id, version=version)
     finally:
         await bus.close()
-    model = Transformer(model_config(config.model.source), precision="fp32")
-    model.load_state_dict(state, strict=True)
-    return model.eval()
+    cfg = model_config(config.model.source)
+    Transformer(cfg, precision="fp32").load_state_dict(lora.merge(state, cfg), strict=True)  # they fit
+    return config.model.source, cfg, state
 
 
 def register(app: typer.Typer) -> None:

@@ -69,6 +69,28 @@ class TasksSection(Section):
     it has not tried as often as the best; held-out splits are never drawn from."""
 
 
+LoraTarget = Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+"""Projections an adapter can target (crucible.model.lora), by their Hugging Face names."""
+LORA_TARGETS: tuple[LoraTarget, ...] = get_args(LoraTarget)
+
+
+class LoraSection(Section):
+    rank: int = Field(default=8, ge=1, le=256)
+    """Rank of every adapter."""
+    alpha: float = Field(default=16.0, gt=0, le=4096)
+    """The adapters' update is scaled by alpha / rank, as PEFT does."""
+    targets: list[LoraTarget] = Field(default=list(LORA_TARGETS), min_length=1, max_length=len(LORA_TARGETS))
+    """Projections that get an adapter, in every layer that has them: attention (q_proj, k_proj, v_proj,
+    o_proj) and the dense feed-forward (gate_proj, up_proj, down_proj); routed experts are not adapted."""
+
+    @field_validator("targets")
+    @classmethod
+    def _targets(cls, targets: list[str]) -> list[str]:
+        if len(set(targets)) != len(targets):
+            raise ValueError(f"model.lora.targets names a projection twice: {targets}")
+        return sorted(targets, key=LORA_TARGETS.index)
+
+
 class ModelSection(Section):
     source: str = Field(
         default="tiny",
@@ -85,7 +107,12 @@ class ModelSection(Section):
     parallel layout trains as one process does)."""
     init: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_-]{1,64}@[0-9]{1,9}$")
     """RUN@VERSION: start from that run's published weights instead of `source`'s (same architecture),
-    e.g. the warm start of an SFT-only run (`crucible sft`)."""
+    e.g. the warm start of an SFT-only run (`crucible sft`). Adapters in those weights are merged into
+    them: this run starts from that policy."""
+    lora: LoraSection | None = None
+    """Train low-rank adapters instead of every weight (crucible.model.lora): the base stays frozen, each
+    version carries only what the adapters changed, and `crucible model export --adapter` writes a PEFT
+    adapter. None: full fine-tuning."""
 
     @field_validator("source")
     @classmethod

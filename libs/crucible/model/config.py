@@ -13,6 +13,20 @@ ATTENTIONS = ("gqa", "mla")
 ROUTER_SCORINGS = ("sigmoid", "softmax")
 
 
+@dataclass(frozen=True)
+class LoraSpec:
+    """Low-rank adapters (crucible.model.lora): `rank`, `alpha` (the update is scaled by alpha / rank) and
+    the projections they target, by Hugging Face name."""
+
+    rank: int
+    alpha: float
+    targets: tuple[str, ...]
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
     """Shape of a decoder-only MoE transformer.

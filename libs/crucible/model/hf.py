@@ -528,12 +528,15 @@ def export_pretrained(model: Transformer, out: str | os.PathLike) -> Path:
 
 
 def export_weights(state: dict[str, torch.Tensor], cfg: ModelConfig, out: str | os.PathLike) -> Path:
-    """Write a Crucible state dict of architecture `cfg` as a Hugging Face checkpoint directory."""
+    """Write a Crucible state dict of architecture `cfg` as a Hugging Face checkpoint directory; adapters
+    in it (model.lora) are merged into the weights they adapt."""
     from safetensors.torch import save_file
+
+    from crucible.model.lora import merge
 
     out = Path(out)
     config = hf_config(cfg)
-    tensors = from_crucible(state, cfg)
+    tensors = from_crucible(merge(state, cfg), cfg)
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "model.safetensors.partial"
     save_file(

@@ -11,17 +11,31 @@ from crucible.model.matmul import linear
 
 class Linear(nn.Module):
     """Linear layer whose matmul precision is set from outside (`precision` attribute); bias-free unless
-    asked (Qwen2's attention projections), the bias added in fp32."""
+    asked (Qwen2's attention projections), the bias added in fp32. `crucible.model.lora.attach` may give
+    it adapters (`lora`, by projection) over the row ranges `parts` names."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
         self.precision = "fp32"
+        self.lora: nn.ModuleDict | None = None
+        self.parts: tuple[tuple[str, int], ...] = ()  # (projection, rows), in row order
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = linear(x, self.weight, precision=self.precision)
+        if self.lora is not None:
+            y = y + self._adapted(x).to(y.dtype)
         return y if self.bias is None else y.float() + self.bias
+
+    def _adapted(self, x: torch.Tensor) -> torch.Tensor:
+        assert self.lora is not None
+        if len(self.parts) == 1:
+            return self.lora[self.parts[0][0]](x)
+        outs = {name: self.lora[name](x) for name, _ in self.parts if name in self.lora}
+        like = next(iter(outs.values()))
+        zeros = lambda rows: like.new_zeros(*like.shape[:-1], rows)  # noqa: E731  # a part not adapted
+        return torch.cat([outs[name] if name in outs else zeros(rows) for name, rows in self.parts], dim=-1)
 
 
 class Embedding(nn.Module):

@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from crucible.model.config import PRECISIONS, PRESETS, ModelConfig
+from crucible.model.config import PRECISIONS, PRESETS, LoraSpec, ModelConfig
 from crucible.model.sources import (
     Source,
     SourceError,
@@ -61,12 +61,19 @@ class PolicySpec:
     """Longest string argument of an agent's tool call (the agent's action budget); None: unbounded."""
     tools: tuple[str, ...] | None = None
     """The agent's tools (agent.tools) the action grammar allows; None: all of them."""
+    lora: LoraSpec | None = None
+    """The run's adapters (model.lora): every model built from this spec carries them; None: none."""
 
     @classmethod
     def resolve(cls, config: RunConfig, *, max_context: int | None = None) -> PolicySpec:
         """A run's policy: its `model` section, with its agent's tool-call bounds."""
-        return resolve_policy(
+        spec = resolve_policy(
             config.model.source, precision=config.model.precision, agent=config.agent, max_context=max_context
+        )
+        if (lora := config.model.lora) is None:
+            return spec
+        return dataclasses.replace(
+            spec, lora=LoraSpec(rank=lora.rank, alpha=lora.alpha, targets=tuple(lora.targets))
         )
 
     @property
@@ -116,10 +123,25 @@ class PolicySpec:
         return dataclasses.replace(self, max_context=min(max_context, self.architecture.max_seq_len))
 
     def initial_model(self, *, seed: int = 0) -> Transformer:
-        """The starting weights: a preset initialised from `seed`, or the checkpoint's, at `precision`."""
+        """The starting weights: a preset initialised from `seed`, or the checkpoint's, at `precision`;
+        with the run's fresh adapters (drawn from `seed`) if it has any."""
         model = load_initial(Source(self.kind, self.location), seed=seed, precision=self.precision)
         if model.cfg != self.architecture:
             raise SourceError(f"{self.location} changed since it was resolved: another architecture")
+        return self.adapt(model, seed=seed)
+
+    def empty_model(self) -> Transformer:
+        """The architecture with uninitialised weights (and the run's adapters), for a state dict to fill."""
+        from crucible.model.transformer import Transformer
+
+        return self.adapt(Transformer(self.architecture, precision=self.precision))
+
+    def adapt(self, model: Transformer, *, seed: int = 0) -> Transformer:
+        """`model` with the run's fresh adapters (crucible.model.lora), or as it is without model.lora."""
+        if self.lora is not None:
+            from crucible.model.lora import attach
+
+            attach(model, self.lora, seed=seed)
         return model
 
 

@@ -19,6 +19,7 @@ from crucible.contracts.messages import GradedTrajectory, Reward, RunCreated, Ru
 from crucible.contracts.packing import pack
 from crucible.contracts.runconfig import RunConfig
 from crucible.localstack.servers import start_nats
+from crucible.model.hf import export_weights
 from crucible.objectstore import ObjectStore
 from crucible.outage import Unavailable
 from crucible.runtime import running
@@ -154,6 +155,78 @@ async def test_a_published_version_exports_to_a_directory_transformers_loads(
     x = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert (reloaded(x).logits - model.eval()(x).logits).abs().max() <= 1e-4
+
+
+async def test_a_lora_run_publishes_its_adapters_as_deltas_and_exports_merged_and_as_a_peft_adapter(
+    common_settings, tmp_path
+) -> None:
+    """model.lora through the trainer and checkpoints services: version 0 is a full snapshot, version 1 a
+    delta holding the adapters' bytes and little else (the frozen base compresses to nothing, its bits
+    unchanged), and `crucible model export --run` writes merged weights transformers loads and
+    `--adapter` a PEFT adapter that loads onto the base, both with the trainer's logits."""
+    import peft
+    import transformers
+    from cli_runner import crucible
+
+    from crucible.clients.checkpoints import get_manifest, load_weights
+    from crucible.model import PRESETS, Transformer
+    from crucible.model.lora import attach, is_adapter, spec_of
+
+    run_id = f"run-{uuid.uuid4().hex[:12]}"
+    config = RunConfig.model_validate(
+        {
+            "model": {"source": "tiny-dense", "lora": {"rank": 4, "alpha": 8}},
+            "optim": {"kl_coef": 0.1, "learning_rate": 1e-2},  # KL: the reference is version 0, merged
+            "schedule": {"group_size": 2, "groups_per_step": 1, "max_steps": 1},
+        }
+    )
+    settings = common_settings(TrainerSettings, ack_wait_s=30, heartbeat_s=5)
+    async with (
+        running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
+        running("trainer", settings, trainer_setup) as rt,
+    ):
+        bus: Bus = rt.bus
+        await bus.publish(
+            subjects.run_created(run_id),
+            RunCreated(run_id=run_id, name="x", config=config, created_at=time.time()),
+        )
+        # a group id of its own: the bus drops a message whose id another test of this module published
+        for message in (graded(run_id, "lora", 0, 0.0, "grep"), graded(run_id, "lora", 1, 1.0, "run")):
+            await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
+        finished = await _finished(bus, run_id)
+        assert finished.status == "finished", finished
+        full, delta = [await get_manifest(bus=bus, run_id=run_id, version=v) for v in (0, 1)]
+        _, start = await load_weights(bus=bus, store=rt.store, run_id=run_id, version=0)
+        _, state = await load_weights(bus=bus, store=rt.store, run_id=run_id, version=1)
+        env = {f"CRUCIBLE_{k.upper()}": str(v) for k, v in settings.model_dump().items() if v is not None}
+        for args, out in (([], tmp_path / "merged"), (["--adapter"], tmp_path / "adapter")):
+            done = await asyncio.to_thread(
+                crucible, "model", "export", "--run", run_id, "--out", str(out), *args, env=env
+            )
+            assert done.returncode == 0, done.stderr
+    assert (full.kind, delta.kind, delta.base_version) == ("full", "delta", 0)
+    adapter_bytes = sum(t.numel() * t.element_size() for k, t in state.items() if is_adapter(k))
+    assert sum(s.size for s in delta.shards) <= adapter_bytes + 0.01 * delta.raw_bytes
+    assert all(torch.equal(state[k], start[k]) for k in state if not is_adapter(k))  # the base is frozen
+    assert any(not torch.equal(state[k], start[k]) for k in state if is_adapter(k))
+
+    cfg = PRESETS["tiny-dense"]
+    lora = spec_of(state)
+    assert lora is not None and lora.rank == 4 and lora.scale == 2.0
+    model = Transformer(cfg, precision="fp32")
+    attach(model, lora)
+    model.load_state_dict(state)
+    base = tmp_path / "base"
+    export_weights({k: v for k, v in state.items() if not is_adapter(k)}, cfg, base)
+    merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged", dtype=torch.float32)
+    base_model = transformers.AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    adapted = peft.PeftModel.from_pretrained(base_model, tmp_path / "adapter")
+    x = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        expected = model.eval()(x).logits
+        # fp32 throughout: the same function reassociated, a few ulps per product (see test_lora)
+        assert (merged.eval()(x).logits - expected).abs().max() <= 1e-4
+        assert (adapted.eval()(x).logits - expected).abs().max() <= 1e-4
 
 
 async def _finished(bus: Bus, run_id: str, *, timeout_s: float = 60) -> RunFinished:
