@@ -30,10 +30,16 @@ ROWS = 8
 UNUSED_EXPERT = 3
 
 
-def run_config(shape: Shape, precision: str = "fp32", micro_batch_tokens: int = 8192) -> RunConfig:
+LORA = {"rank": 4, "alpha": 8}
+"""The adapters of the LoRA cases (attention only: every layer of the preset is MoE)."""
+
+
+def run_config(
+    shape: Shape, precision: str = "fp32", micro_batch_tokens: int = 8192, lora: bool = False
+) -> RunConfig:
     replicate, shard, ep = shape
     return RunConfig.model_validate({
-        "model": {"source": "tiny", "precision": precision},
+        "model": {"source": "tiny", "precision": precision, "lora": LORA if lora else None},
         "optim": {"learning_rate": 1e-3, "max_grad_norm": 0.3, "loss": "ppo"},
         "parallel": {"world_size": replicate * shard, "dp_replicate": replicate, "dp_shard": shard, "ep": ep,
                      "micro_batch_tokens": micro_batch_tokens},
@@ -74,9 +80,11 @@ def fp32_tolerance(config: RunConfig) -> float:
     return max(tokens, cfg.vocab_size, cfg.dim, cfg.ffn_dim, cfg.expert_dim) * 2.0**-24
 
 
-def policy_rank(shape: Shape, precision: str = "fp32", micro_batch_tokens: int = 8192) -> PolicyRank:
+def policy_rank(
+    shape: Shape, precision: str = "fp32", micro_batch_tokens: int = 8192, lora: bool = False
+) -> PolicyRank:
     """This rank's PolicyRank on the shape's mesh, as the trainer's worker group builds it."""
-    config = run_config(shape, precision, micro_batch_tokens)
+    config = run_config(shape, precision, micro_batch_tokens, lora)
     return PolicyRank(config, PolicySpec.resolve(config))
 
 
@@ -93,10 +101,12 @@ def train(
     steps: int = 2,
     micro_batch_tokens: int = 8192,
     idle: bool = False,
+    lora: bool = False,
 ) -> dict | None:
     """`steps` steps of PolicyRank on this rank's slice; rank 0 returns what it saw (others None).
-    `idle`: rows 2 and 3 (a whole rank's slice on four ranks) have advantage 0, so nothing of theirs runs."""
-    rank = policy_rank(shape, precision, micro_batch_tokens)
+    `idle`: rows 2 and 3 (a whole rank's slice on four ranks) have advantage 0, so nothing of theirs runs.
+    `lora`: the run trains adapters (model.lora) on the frozen model."""
+    rank = policy_rank(shape, precision, micro_batch_tokens, lora)
     advantages = batch()[1]
     if idle:
         advantages[2] = advantages[3] = 0.0
@@ -139,6 +149,7 @@ def reference() -> dict:
         "fp32": train((1, 1, 1)),
         "mxfp8": train((1, 1, 1), precision="mxfp8", steps=1),
         "idle": train((1, 1, 1), idle=True),
+        "lora": train((1, 1, 1), lora=True),
     }
 
 
@@ -152,6 +163,7 @@ def world_of_four() -> dict:
         # rank 1's rows have advantage 0: it runs fillers only
         "idle": train((2, 2, 2), micro_batch_tokens=45, idle=True),
         "mxfp8": train((2, 2, 2), precision="mxfp8", steps=1),
+        "lora": train((2, 2, 2), lora=True),
         "skipped": skipped_step((2, 2, 2)),
     }
 

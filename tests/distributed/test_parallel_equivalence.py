@@ -102,6 +102,24 @@ def test_mxfp8_steps_on_four_ranks_match_mxfp8_on_one(one_rank: dict, policy_fou
     assert _rel_l2(got["update"], want["update"]) <= MXFP8_UPDATE_REL_TOL
 
 
+def test_a_lora_step_on_four_ranks_is_the_step_on_one_and_moves_only_the_adapters(
+    one_rank: dict, policy_four: list[dict]
+) -> None:
+    """model.lora under EP x HSDP: the frozen base (experts sliced, everything sharded) keeps every bit,
+    router biases included, and the adapters' losses, gradients and updates are one rank's."""
+    got, want = policy_four[0]["lora"], one_rank["lora"]
+    for step, (g, w) in enumerate(zip(got["metrics"], want["metrics"], strict=True)):
+        assert "skipped" not in g, (step, g)
+        assert _rel(g["loss"], w["loss"]) <= FP32_TOL and _rel(g["grad_norm"], w["grad_norm"]) <= FP32_TOL
+    assert set(got["grads"]) == set(want["grads"]) and all(".lora." in n for n in want["grads"])
+    assert _rel_l2(got["grads"], want["grads"]) <= FP32_TOL
+    adapters = {n: u for n, u in want["update"].items() if ".lora." in n and n.endswith((".A", ".B"))}
+    assert _rel_l2({n: got["update"][n] for n in adapters}, adapters) <= FP32_TOL
+    assert all(float(u.abs().max()) > 0 for u in adapters.values())  # A moves from the second step on
+    for run in (got, want):
+        assert all(not u.any() for n, u in run["update"].items() if ".lora." not in n)
+
+
 def test_a_step_one_rank_finds_non_finite_is_skipped_on_every_rank(policy_four: list[dict]) -> None:
     for rank, result in enumerate(policy_four):
         skipped = result["skipped"]
