@@ -35,6 +35,12 @@ def serve(
             help="Allow POST /update_weights_from_disk to load checkpoints from under this directory."
         ),
     ] = None,
+    adapter: Annotated[
+        Path | None,
+        typer.Option(
+            help="A PEFT LoRA adapter directory to merge into the weights (crucible model export --adapter)."
+        ),
+    ] = None,
 ) -> None:
     """Serve a model over the OpenAI API: /v1/chat/completions, /v1/completions, /v1/models."""
     import torch
@@ -57,6 +63,7 @@ def serve(
             name=name or source,
             max_context=max_context,
             max_sequences=max_sequences,
+            adapter=adapter,
         )
     except (SourceError, CheckpointError, OSError, ValueError) as exc:
         typer.echo(f"crucible serve: {exc}", err=True)

@@ -39,6 +39,9 @@ _PROJECTIONS = {
 }
 """Crucible's module (inside a block) -> the Hugging Face projections its rows hold, in order."""
 _MODULE = re.compile(r"^layers\.(\d+)\.(" + "|".join(map(re.escape, _PROJECTIONS)) + r")$")
+_PEFT_KEY = re.compile(
+    r"^base_model\.model\.model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$"
+)
 MARK = ".lora."
 """What every adapter tensor's name contains, and no other tensor's."""
 
@@ -134,12 +137,25 @@ def merge(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.T
         return state
     out = {k: v for k, v in state.items() if not is_adapter(k)}
     for module, adapters in adapted.items():
-        weight = out[module + ".weight"]
+        weight = out.get(module + ".weight")
+        parts = [] if weight is None else projections(module, cfg, weight.shape[0])
+        if unknown := sorted(adapters.keys() - {name for name, _ in parts}):
+            raise ValueError(f"adapters {unknown} on {module}: the model has no such projection there")
+        assert weight is not None  # it has parts
         merged = weight.float().clone()
         start = 0
-        for name, rows in projections(module, cfg, weight.shape[0]):
+        for name, rows in parts:
             if name in adapters:
                 a = adapters[name]
+                if (
+                    a["B"].shape[0] != rows
+                    or a["A"].shape[1] != weight.shape[1]
+                    or a["A"].shape[0] != a["B"].shape[1]
+                ):
+                    raise ValueError(
+                        f"adapter {module}.{name}: A {list(a['A'].shape)}, B {list(a['B'].shape)} do not fit "
+                        f"a projection of {rows} x {weight.shape[1]}"
+                    )
                 merged[start : start + rows] += float(a["scale"]) * (a["B"].float() @ a["A"].float())
             start += rows
         out[module + ".weight"] = merged.to(weight.dtype)
@@ -201,6 +217,44 @@ def export_adapter(
     }
     (path / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
     return path
+
+
+def read_adapter(path: str | os.PathLike, cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A PEFT LoRA adapter directory (this module's export, or one trained with PEFT on the same base) as
+    Crucible adapter tensors for a model of architecture `cfg`, to `merge` into its weights. ValueError
+    for an adapter that is not plain LoRA on projections this module knows."""
+    from safetensors.torch import load_file
+
+    where = Path(path)
+    config = json.loads((where / "adapter_config.json").read_text())
+    if config.get("peft_type") != "LORA" or config.get("use_rslora") or config.get("use_dora"):
+        raise ValueError(f"{where}: not a plain LoRA adapter (peft_type LORA, no rsLoRA or DoRA)")
+    if config.get("rank_pattern") or config.get("alpha_pattern"):
+        raise ValueError(f"{where}: per-module ranks or alphas are not supported")
+    rank, alpha = config.get("r"), config.get("lora_alpha")
+    if not isinstance(rank, int) or rank < 1 or not isinstance(alpha, int | float):
+        raise ValueError(f"{where}: adapter_config.json needs a positive integer r and a lora_alpha")
+    modules = {
+        ("self_attn", "q_proj"): "attention.wq" if cfg.attention == "mla" else "attention.wqkv",
+        **{("self_attn", p): "attention.wqkv" for p in ("k_proj", "v_proj") if cfg.attention != "mla"},
+        ("self_attn", "o_proj"): "attention.wo",
+        ("mlp", "gate_proj"): "feed_forward.w1",
+        ("mlp", "up_proj"): "feed_forward.w3",
+        ("mlp", "down_proj"): "feed_forward.w2",
+    }
+    out: dict[str, torch.Tensor] = {}
+    for key, tensor in load_file(str(where / "adapter_model.safetensors")).items():
+        match = _PEFT_KEY.match(key)
+        module = None if match is None else modules.get((match.group(2), match.group(3)))
+        if match is None or module is None:
+            raise ValueError(f"{where}: tensor {key} is not a LoRA weight of a projection Crucible adapts")
+        layer, projection, which = match.group(1), match.group(3), match.group(4)
+        prefix = f"layers.{layer}.{module}{MARK}{projection}."
+        out[prefix + which] = tensor.float()
+        out[prefix + "scale"] = torch.tensor(float(alpha) / rank)
+    if not out:
+        raise ValueError(f"{where}: the adapter holds no LoRA weights")
+    return out
 
 
 def _exact(modules: Iterable[str]) -> str:

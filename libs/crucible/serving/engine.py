@@ -93,10 +93,19 @@ class ServingEngine:
 
     @classmethod
     def from_source(
-        cls, source: str, *, precision: str = "fp32", max_context: int | None = None, **kwargs: Any
+        cls,
+        source: str,
+        *,
+        precision: str = "fp32",
+        max_context: int | None = None,
+        adapter: str | os.PathLike | None = None,
+        **kwargs: Any,
     ) -> ServingEngine:
         """A model source as a run names it (crucible.model.spec): a checkpoint directory, a GGUF file, a
-        packaged checkpoint. Presets have no tokenizer of their own and cannot be served."""
+        packaged checkpoint; with `adapter`, a PEFT LoRA adapter directory merged into its weights (what
+        `crucible model export --adapter` writes for a model.lora run). Presets have no tokenizer of their
+        own and cannot be served."""
+        from crucible.model.lora import merge, read_adapter
         from crucible.model.spec import resolve_policy
 
         policy = resolve_policy(source, precision=precision, max_context=max_context)
@@ -105,6 +114,9 @@ class ServingEngine:
                 f"{source!r} is a preset: it speaks the byte-level format and has no chat template to serve"
             )
         model = policy.initial_model().eval().requires_grad_(False)
+        if adapter is not None:
+            adapted = {**model.state_dict(), **read_adapter(adapter, model.cfg)}
+            model.load_state_dict(merge(adapted, model.cfg), strict=True)
         return cls(
             model=model, tokenizer=policy.tokenizer, name=kwargs.pop("name", source),
             precision=policy.precision, max_context=policy.max_context, **kwargs,

@@ -17,7 +17,15 @@ from crucible.contracts.runconfig import LORA_TARGETS, RunConfig
 from crucible.model import PRESETS, Transformer, build_model
 from crucible.model.config import LoraSpec, ModelConfig
 from crucible.model.hf import export_weights, load_pretrained
-from crucible.model.lora import attach, export_adapter, freeze_base, is_adapter, merge, spec_of
+from crucible.model.lora import (
+    attach,
+    export_adapter,
+    freeze_base,
+    is_adapter,
+    merge,
+    read_adapter,
+    spec_of,
+)
 from crucible.model.spec import PolicySpec
 
 DENSE = dataclasses.replace(
@@ -155,3 +163,37 @@ def test_exports_load_in_transformers_merged_and_in_peft_as_an_adapter(tmp_path:
         assert (adapted.eval()(x).logits - expected).abs().max().item() <= FP32_TOLERANCE
     with pytest.raises(ValueError, match="no adapter"):
         export_adapter({k: v for k, v in state.items() if not is_adapter(k)}, tmp_path / "none")
+
+
+def test_crucible_serve_merges_a_peft_adapter_into_the_model_it_serves(tmp_path: Path) -> None:
+    """`crucible serve SOURCE --adapter DIR`: the served weights are the adapted model's, and an adapter
+    that does not fit the model is a clear error."""
+    from chat_model import save_chat_model
+
+    from crucible.serving.engine import ServingEngine
+
+    source = save_chat_model(tmp_path / "chat")
+    model = load_pretrained(source)
+    attach(model, LoraSpec(rank=2, alpha=4.0, targets=("v_proj", "o_proj", "up_proj")), seed=0)
+    trained(model)
+    state = model.state_dict()
+    export_adapter(state, tmp_path / "adapter")
+    assert read_adapter(tmp_path / "adapter", model.cfg).keys() == {k for k in state if is_adapter(k)}
+    engine = ServingEngine.from_source(str(source), adapter=tmp_path / "adapter")
+    try:
+        served = engine.batcher.model
+        assert served is not None
+        x = tokens(model.cfg)
+        with torch.no_grad():
+            assert (served(x).logits - model.eval()(x).logits).abs().max().item() <= FP32_TOLERANCE
+    finally:
+        engine.close()
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps({**config, "use_dora": True}))
+    with pytest.raises(ValueError, match="not a plain LoRA adapter"):
+        ServingEngine.from_source(str(source), adapter=tmp_path / "adapter")
+    wide = build_model(DENSE, precision="fp32", seed=0)  # another model's adapter: shapes do not fit
+    attach(wide, LoraSpec(rank=2, alpha=4.0, targets=("up_proj",)), seed=0)  # 48 rows, not 64
+    export_adapter(trained(wide).state_dict(), tmp_path / "other")
+    with pytest.raises(ValueError, match="do not fit"):
+        ServingEngine.from_source(str(source), adapter=tmp_path / "other")
