@@ -103,19 +103,23 @@ def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any
         "seed": seed,
         "model": {"source": args.model},
         "tasks": {"taskset": "pybugs", "difficulties": [1]},
-        "agent": AGENT,
+        "agent": {**AGENT, "temperature": args.temperature},
         "eval": {"split": args.eval_split, "samples": args.samples, "max_tasks": 1000, "at_end": True},
     }
+    # Both arms start from the warm start's weights; with --lora both train adapters on them.
+    arm_model = {"source": args.model, "init": None}
+    if args.lora:
+        arm_model["lora"] = {"rank": args.lora, "alpha": 2.0 * args.lora}
     sft = {"tasks": 1000, "batch_size": args.batch, "learning_rate": args.sft_lr}
     warm = stack.run(
         f"warm-{seed}", {**base, "sft": {**sft, "steps": args.sft_steps}, "schedule": {"max_steps": 0}}
     )
     start = point(warm["evals"][-1])
-    init = f"{warm['run_id']}@0"
+    arm_model["init"] = f"{warm['run_id']}@0"
     schedule = {"group_size": args.group_size, "groups_per_step": args.groups, "max_steps": args.rl_steps,
                 "publish_every": 2, "max_staleness": 1}  # fmt: skip
     rl = stack.run(f"rl-{seed}", {
-        **base, "model": {"source": args.model, "init": init}, "schedule": schedule,
+        **base, "model": arm_model, "schedule": schedule,
         "reward": {"shaping": args.shaping}, "optim": {"learning_rate": args.rl_lr},
         "eval": {**base["eval"], "every_versions": args.eval_every},
     })  # fmt: skip
@@ -133,8 +137,9 @@ def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any
     ]
     sequences = args.rl_steps * args.groups * args.group_size
     control = stack.run(f"control-{seed}", {
-        **base, "model": {"source": args.model, "init": init}, "schedule": {"max_steps": 0},
-        "sft": {**sft, "steps": max(1, sequences // args.batch)},
+        **base, "model": arm_model, "schedule": {"max_steps": 0},
+        "sft": {**sft, "steps": max(1, sequences // args.batch),
+                "learning_rate": args.control_lr or args.sft_lr},
     })  # fmt: skip
     control_curve = [{"step": 0, **start}, {"step": args.rl_steps, **point(control["evals"][-1])}]
     return {
@@ -206,6 +211,13 @@ def main() -> None:
         "repository.",
     )
     parser.add_argument("--rl-lr", type=float, default=1e-3, help="optim.learning_rate of the RL arm.")
+    parser.add_argument(
+        "--lora", type=int, default=0, help="model.lora rank of both arms (alpha 2 x rank); 0: every weight."
+    )
+    parser.add_argument("--temperature", type=float, default=1.0, help="agent.temperature of every run.")
+    parser.add_argument(
+        "--control-lr", type=float, help="sft.learning_rate of the control arm (default: --sft-lr)."
+    )
     parser.add_argument("--samples", type=int, default=2, help="Sampled evaluation episodes per task.")
     parser.add_argument(
         "--eval-split",

@@ -43,7 +43,9 @@ def arm(name: str, count: int, tokens: int, steps: int) -> dict:
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     rank = PolicyRank(config, PolicySpec.resolve(config))
     (part,) = slices(trajectories, advantages, world_size=1)
-    before = {k: v.clone() for k, v in rank.model.state_dict().items()}  # version 0, as published
+    start = rank.weights()
+    assert start is not None  # rank 0
+    before = {k: v.clone() for k, v in start.items()}  # version 0, as published (on CPU: the parameters)
     floor = rss_bytes()
     t0 = time.perf_counter()
     losses = [float(rank.train(part)["loss"]) for _ in range(steps)]
