@@ -102,6 +102,11 @@ class RunJob:
     async def _start(self) -> RunSteps:
         """The worker group, the run's state (resumed, version 0 left by an earlier attempt, or version 0
         made), that version published, the KL reference, and the graded consumer."""
+        if self.spec.lora is not None:
+            try:
+                lora.check_targets(self.spec.lora, self.spec.architecture)
+            except ValueError as exc:  # the config's, not the trainer's: the run fails saying so, once
+                raise RunFailed(str(exc)) from exc
         policy = await self.start_group()
         books = await self.resume()
         steps = self.steps = RunSteps(

@@ -45,7 +45,8 @@ def test_a_lora_run_trains_adapters_that_rollouts_sample_with(stack: LocalStack,
         (0, "full", None), (1, "delta", 0), (2, "delta", 0),
     ]  # fmt: skip
     adapted = PolicySpec.resolve(RunConfig.model_validate(config)).empty_model()
-    adapter_bytes = sum(t.numel() * t.element_size() for k, t in adapted.state_dict().items() if is_adapter(k))
+    adapters = [t for k, t in adapted.state_dict().items() if is_adapter(k)]
+    adapter_bytes = sum(t.numel() * t.element_size() for t in adapters)
     for delta in checkpoints[1:]:  # the adapters' bytes, and zstd frames of the unchanged base's zeros
         assert delta["size_bytes"] <= adapter_bytes + 0.01 * delta["raw_bytes"], (delta, adapter_bytes)
     assert any(t["version_max"] == 1 for t in trajectories)

@@ -83,10 +83,31 @@ def projections(path: str, cfg: ModelConfig, out_features: int) -> list[tuple[st
     return list(zip(names, (q, kv, kv), strict=True))
 
 
+def targetable(cfg: ModelConfig) -> set[str]:
+    """The projections of architecture `cfg` an adapter can target."""
+    if cfg.attention == "mla":
+        names = {"o_proj"} if cfg.q_lora_rank else {"q_proj", "o_proj"}
+    else:
+        names = {"q_proj", "k_proj", "v_proj", "o_proj"}
+    if any(i not in cfg.moe_layers for i in range(cfg.n_layers)):  # a dense feed-forward somewhere
+        names |= {"gate_proj", "up_proj", "down_proj"}
+    return names
+
+
+def check_targets(lora: LoraSpec, cfg: ModelConfig) -> None:
+    """ValueError when none of `lora`'s targets is a projection of architecture `cfg`."""
+    if not set(lora.targets) & targetable(cfg):
+        raise ValueError(
+            f"model.lora.targets {list(lora.targets)} match no projection of this model; it has "
+            f"{sorted(targetable(cfg), key=LORA_TARGETS.index)}"
+        )
+
+
 def attach(model: nn.Module, lora: LoraSpec, *, seed: int = 0) -> None:
     """Give every targeted projection of `model` (a Transformer) a fresh adapter, the same for the same
     seed: A uniform in +-1/sqrt(in) (PEFT's default), B zero. ValueError if no module is targeted."""
     cfg: ModelConfig = model.cfg  # type: ignore[assignment]  # a Transformer's
+    check_targets(lora, cfg)
     generator = torch.Generator().manual_seed(seed)
     chosen: list[tuple[Linear, list[tuple[str, int]]]] = []
     for path, module in model.named_modules():
@@ -94,8 +115,7 @@ def attach(model: nn.Module, lora: LoraSpec, *, seed: int = 0) -> None:
             parts = projections(path, cfg, module.weight.shape[0])
             if any(name in lora.targets for name, _ in parts):
                 chosen.append((module, parts))
-    if not chosen:
-        raise ValueError(f"model.lora.targets {list(lora.targets)} match no projection of this model")
+    assert chosen  # check_targets
     for module, parts in chosen:
         adapters = {}
         for name, rows in parts:

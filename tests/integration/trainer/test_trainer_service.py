@@ -316,6 +316,21 @@ async def test_a_run_to_which_no_graded_work_comes_fails_saying_so(common_settin
     assert ended.status == "failed" and "cannot progress" in ended.error and ended.version == 0
 
 
+async def test_a_lora_run_whose_targets_the_model_lacks_fails_saying_so(common_settings) -> None:
+    """The tiny preset's feed-forwards are all routed experts: gate_proj alone adapts nothing. The run
+    fails once with the reason instead of its trainer retrying it."""
+    run_id = f"run-{uuid.uuid4().hex[:12]}"
+    config = RunConfig.model_validate({"model": {"lora": {"targets": ["gate_proj"]}}})
+    async with (
+        running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
+        running("trainer", common_settings(TrainerSettings), trainer_setup) as rt,
+    ):
+        created = RunCreated(run_id=run_id, name="lora", config=config, created_at=time.time())
+        await rt.bus.publish(subjects.run_created(run_id), created, msg_id=run_id)
+        ended = await _finished(rt.bus, run_id)
+    assert ended.status == "failed" and "match no projection" in ended.error and "q_proj" in ended.error
+
+
 async def test_runs_train_side_by_side_so_one_that_waits_blocks_no_other(common_settings) -> None:
     waiting, training = f"run-{uuid.uuid4().hex[:12]}", f"run-{uuid.uuid4().hex[:12]}"
     config = RunConfig.model_validate(

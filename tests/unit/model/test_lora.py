@@ -25,6 +25,7 @@ from crucible.model.lora import (
     merge,
     read_adapter,
     spec_of,
+    targetable,
 )
 from crucible.model.spec import PolicySpec
 
@@ -93,6 +94,7 @@ def test_targets_choose_the_projections_and_a_target_no_layer_has_is_refused() -
         "feed_forward.w2.lora.down_proj",
     }
     moe = build_model(dataclasses.replace(PRESETS["tiny"], first_moe_layer=0), precision="fp32", seed=0)
+    assert targetable(moe.cfg) == {"q_proj", "k_proj", "v_proj", "o_proj"}
     with pytest.raises(ValueError, match="match no projection"):
         attach(moe, LoraSpec(rank=2, alpha=2.0, targets=("gate_proj",)), seed=0)
 
