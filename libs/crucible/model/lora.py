@@ -28,6 +28,7 @@ from torch import nn
 from crucible.contracts.runconfig import LORA_TARGETS
 from crucible.model.config import LoraSpec, ModelConfig
 from crucible.model.layers import Linear
+from crucible.model.matmul import linear
 
 _PROJECTIONS = {
     "attention.wqkv": ("q_proj", "k_proj", "v_proj"),
@@ -60,8 +61,6 @@ class Adapter(nn.Module):
         self.precision = "fp32"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from crucible.model.matmul import linear
-
         precision = "fp32" if self.precision == "fp32" else "bf16"
         return linear(linear(x, self.A, precision=precision), self.B, precision=precision) * self.scale
 
@@ -195,11 +194,15 @@ def spec_of(state: dict[str, torch.Tensor]) -> LoraSpec | None:
     return LoraSpec(rank=rank, alpha=scale * rank, targets=tuple(targets))
 
 
+def _block(module: str) -> str:
+    """The Hugging Face block of one of Crucible's modules in _PROJECTIONS."""
+    return "self_attn" if module.startswith("attention.") else "mlp"
+
+
 def _hf_module(module: str, projection: str) -> str:
     found = _MODULE.match(module)
     assert found is not None  # adapters live only on the modules _MODULE names
-    block = "self_attn" if found.group(2).startswith("attention.") else "mlp"
-    return f"model.layers.{found.group(1)}.{block}.{projection}"
+    return f"model.layers.{found.group(1)}.{_block(found.group(2))}.{projection}"
 
 
 def export_adapter(
@@ -254,13 +257,12 @@ def read_adapter(path: str | os.PathLike, cfg: ModelConfig) -> dict[str, torch.T
     rank, alpha = config.get("r"), config.get("lora_alpha")
     if not isinstance(rank, int) or rank < 1 or not isinstance(alpha, int | float):
         raise ValueError(f"{where}: adapter_config.json needs a positive integer r and a lora_alpha")
+    absent = "attention.wqkv" if cfg.attention == "mla" else "attention.wq"
     modules = {
-        ("self_attn", "q_proj"): "attention.wq" if cfg.attention == "mla" else "attention.wqkv",
-        **{("self_attn", p): "attention.wqkv" for p in ("k_proj", "v_proj") if cfg.attention != "mla"},
-        ("self_attn", "o_proj"): "attention.wo",
-        ("mlp", "gate_proj"): "feed_forward.w1",
-        ("mlp", "up_proj"): "feed_forward.w3",
-        ("mlp", "down_proj"): "feed_forward.w2",
+        (_block(module), name): module
+        for module, names in _PROJECTIONS.items()
+        if module != absent
+        for name in names
     }
     out: dict[str, torch.Tensor] = {}
     for key, tensor in load_file(str(where / "adapter_model.safetensors")).items():
