@@ -3,7 +3,8 @@ supervised training, on held-out tasks? Everything runs through the real service
 
 Per seed:
   1. warm start: an SFT-only run on the train split's reference solutions, evaluated on the test split
-     (the common starting point of both arms, step 0);
+     (the common starting point of both arms, step 0; with --shared-warm-start one for every seed, so
+     the seeds' spread leaves out the warm start's own);
   2. RL arm: a run from the warm start's weights (`model.init`), `--rl-steps` optimizer steps on the
      train split, evaluated on the test split every `--eval-every` versions and at the end;
   3. control arm: SFT continued from the same weights for as many trained sequences as the RL arm
@@ -98,22 +99,17 @@ def point(e: dict[str, Any]) -> dict[str, Any]:
             "pass_at_1": e["pass_at_1"]["value"]}  # fmt: skip
 
 
-def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    base = {
-        "seed": seed,
-        "model": {"source": args.model},
-        "tasks": {"taskset": "pybugs", "difficulties": [1]},
-        "agent": {**AGENT, "temperature": args.temperature},
-        "eval": {"split": args.eval_split, "samples": args.samples, "max_tasks": 1000, "at_end": True},
-    }
+def one_seed(
+    stack: Stack, seed: int, args: argparse.Namespace, warm: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """One seed's warm start (or the shared one, `warm`), RL arm and control arm."""
+    base, sft = base_config(args, seed), sft_config(args)
     # Both arms start from the warm start's weights; with --lora both train adapters on them.
     arm_model = {"source": args.model, "init": None}
     if args.lora:
         arm_model["lora"] = {"rank": args.lora, "alpha": 2.0 * args.lora}
-    sft = {"tasks": 1000, "batch_size": args.batch, "learning_rate": args.sft_lr}
-    warm = stack.run(
-        f"warm-{seed}", {**base, "sft": {**sft, "steps": args.sft_steps}, "schedule": {"max_steps": 0}}
-    )
+    if warm is None:
+        warm = warm_start(stack, args, seed)
     start = point(warm["evals"][-1])
     arm_model["init"] = f"{warm['run_id']}@0"
     schedule = {"group_size": args.group_size, "groups_per_step": args.groups, "max_steps": args.rl_steps,
@@ -151,6 +147,28 @@ def one_seed(stack: Stack, seed: int, args: argparse.Namespace) -> dict[str, Any
         "rl_train": stack.train_resolved(rl),
         "runs": {"warm": warm["run_id"], "rl": rl["run_id"], "control": control["run_id"]},
     }
+
+
+def base_config(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """What every run of a seed shares."""
+    return {
+        "seed": seed,
+        "model": {"source": args.model},
+        "tasks": {"taskset": "pybugs", "difficulties": [1]},
+        "agent": {**AGENT, "temperature": args.temperature},
+        "eval": {"split": args.eval_split, "samples": args.samples, "max_tasks": 1000, "at_end": True},
+    }
+
+
+def sft_config(args: argparse.Namespace) -> dict[str, Any]:
+    return {"tasks": 1000, "batch_size": args.batch, "learning_rate": args.sft_lr}
+
+
+def warm_start(stack: Stack, args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """An SFT-only run on the train split's demonstrations, evaluated: the arms' common start."""
+    config = {**base_config(args, seed), "sft": {**sft_config(args), "steps": args.sft_steps},
+              "schedule": {"max_steps": 0}}  # fmt: skip
+    return stack.run(f"warm-{seed}", config)
 
 
 def plot(results: list[dict[str, Any]], path: Path) -> None:
@@ -227,6 +245,11 @@ def main() -> None:
     )
     parser.add_argument("--timeout", type=float, default=1200.0, help="Seconds per run.")
     parser.add_argument("--plot", type=Path, default=Path("docs/learning.png"))
+    parser.add_argument(
+        "--shared-warm-start",
+        action="store_true",
+        help="One warm start for every seed (the seeds vary the arms): a third of the warm-start time.",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     started = time.monotonic()
@@ -239,7 +262,9 @@ def main() -> None:
         api_port=0, service_env={"catalog": catalog, "rollout": context, "trainer": context}
     ) as local:
         stack = Stack(local, args.timeout)
-        results = [one_seed(stack, seed, args) for seed in range(args.seeds)]
+        # --shared-warm-start: one warm start (seed 0) that both arms of every seed start from
+        shared = warm_start(stack, args, 0) if args.shared_warm_start else None
+        results = [one_seed(stack, seed, args, shared) for seed in range(args.seeds)]
     final = {arm: [r[arm][-1] for r in results] for arm in ("rl", "control")}
     k1, n1 = sum(p["k"] for p in final["rl"]), sum(p["n"] for p in final["rl"])
     k2, n2 = sum(p["k"] for p in final["control"]), sum(p["n"] for p in final["control"])
