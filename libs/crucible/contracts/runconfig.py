@@ -79,7 +79,12 @@ class LoraSection(Section):
     """Rank of every adapter."""
     alpha: float = Field(default=16.0, gt=0, le=4096)
     """The adapters' update is scaled by alpha / rank, as PEFT does."""
-    targets: list[LoraTarget] = Field(default=list(LORA_TARGETS), min_length=1, max_length=len(LORA_TARGETS))
+    targets: list[LoraTarget] = Field(
+        default=list(LORA_TARGETS),
+        min_length=1,
+        max_length=len(LORA_TARGETS),
+        json_schema_extra={"uniqueItems": True},  # what _targets refuses, as the schema says it
+    )
     """Projections that get an adapter, in every layer that has them: attention (q_proj, k_proj, v_proj,
     o_proj) and the dense feed-forward (gate_proj, up_proj, down_proj); routed experts are not adapted."""
 
@@ -155,7 +160,12 @@ class AgentSection(Section):
     its actions; the trajectory records where each context began (`Trajectory.context_starts`)."""
     max_summary_tokens: int = Field(default=256, ge=8, le=8192)
     """Tokens the policy may sample for one summary."""
-    tools: list[AgentTool] = Field(default=list(AGENT_TOOLS), min_length=1, max_length=len(AGENT_TOOLS))
+    tools: list[AgentTool] = Field(
+        default=list(AGENT_TOOLS),
+        min_length=1,
+        max_length=len(AGENT_TOOLS),
+        json_schema_extra={"uniqueItems": True, "contains": {"const": "submit"}},  # _tools, as a schema
+    )
     """The tools the policy may call, `submit` among them: the prompt describes only these (a chat
     template's tool definitions, the byte-level system prompt) and the action grammar allows only these,
     so a small model spends no context on tools a run does not use."""
