@@ -109,9 +109,10 @@ def export(
     merged into them), or a run's adapters alone as a PEFT adapter (--adapter)."""
     import shutil
 
+    from crucible.model import Transformer
     from crucible.model.hf import CheckpointError, export_pretrained, export_weights
     from crucible.model.io import load_checkpoint
-    from crucible.model.lora import export_adapter
+    from crucible.model.lora import export_adapter, merge
 
     if (checkpoint is None) == (run is None):
         raise _fail("give exactly one of --checkpoint and --run")
@@ -125,11 +126,13 @@ def export(
         else:
             assert run is not None  # exactly one of the two, checked above
             source, cfg, state = asyncio.run(_run_weights(run, version))
+            plain = merge(state, cfg)  # the adapters of a model.lora run folded in
+            Transformer(cfg, precision="fp32").load_state_dict(plain, strict=True)  # the weights fit
             if adapter:
                 export_adapter(state, out, base_model=source)
                 typer.echo(f"{out}: PEFT adapter of {source}")
                 return
-            export_weights(state, cfg, out)
+            export_weights(plain, cfg, out)
     except (CheckpointError, OSError, ValueError, LookupError) as exc:
         raise _fail(str(exc)) from None
     if checkpoint is not None:  # the tokenizer's files travel with the weights
@@ -143,7 +146,6 @@ async def _run_weights(run_id: str, version: int | None):
     """A run's model source, architecture and published weights (over the bus and the object store)."""
     from crucible.bus import Bus
     from crucible.clients.checkpoints import load_weights
-    from crucible.model import Transformer, lora
     from crucible.model.sources import model_config
     from crucible.objectstore import ObjectStore
     from crucible.runs import run_config
@@ -159,9 +161,7 @@ async def _run_weights(run_id: str, version: int | None):
         _manifest, state = await load_weights(bus=bus, store=store, run_id=run_id, version=version)
     finally:
         await bus.close()
-    cfg = model_config(config.model.source)
-    Transformer(cfg, precision="fp32").load_state_dict(lora.merge(state, cfg), strict=True)  # they fit
-    return config.model.source, cfg, state
+    return config.model.source, model_config(config.model.source), state
 
 
 def register(app: typer.Typer) -> None:

@@ -61,6 +61,15 @@ def graded(run_id: str, group: str, index: int, reward: float, tool: str) -> Gra
     )
 
 
+async def one_step_run(bus: Bus, run_id: str, config: RunConfig, group: str) -> None:
+    """Create the run and publish its one step's group: `group`'s two trajectories, rewards 0 and 1. Each
+    test names its own group: the bus drops a message whose id another test of this module published."""
+    created = RunCreated(run_id=run_id, name="x", config=config, created_at=time.time())
+    await bus.publish(subjects.run_created(run_id), created)
+    for message in (graded(run_id, group, 0, 0.0, "grep"), graded(run_id, group, 1, 1.0, "run")):
+        await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
+
+
 async def test_dynamic_sampling_drops_uniform_groups_asks_for_refills_and_reports_them(
     common_settings, redis_url
 ) -> None:
@@ -130,18 +139,8 @@ async def test_a_published_version_exports_to_a_directory_transformers_loads(
         running("trainer", settings, trainer_setup) as rt,
     ):
         bus: Bus = rt.bus
-        await bus.publish(
-            subjects.run_created(run_id),
-            RunCreated(run_id=run_id, name="x", config=config, created_at=time.time()),
-        )
-        for message in (graded(run_id, "g", 0, 0.0, "grep"), graded(run_id, "g", 1, 1.0, "run")):
-            await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
-        for _ in range(600):
-            if await bus.latest(subjects.RUNS, subjects.run_finished(run_id), RunFinished):
-                break
-            await asyncio.sleep(0.1)
-        else:
-            pytest.fail("the run did not finish")
+        await one_step_run(bus, run_id, config, "g")
+        await _finished(bus, run_id)
         env = {f"CRUCIBLE_{k.upper()}": str(v) for k, v in settings.model_dump().items() if v is not None}
         out = tmp_path / "hf"
         done = await asyncio.to_thread(
@@ -186,13 +185,7 @@ async def test_a_lora_run_publishes_its_adapters_as_deltas_and_exports_merged_an
         running("trainer", settings, trainer_setup) as rt,
     ):
         bus: Bus = rt.bus
-        await bus.publish(
-            subjects.run_created(run_id),
-            RunCreated(run_id=run_id, name="x", config=config, created_at=time.time()),
-        )
-        # a group id of its own: the bus drops a message whose id another test of this module published
-        for message in (graded(run_id, "lora", 0, 0.0, "grep"), graded(run_id, "lora", 1, 1.0, "run")):
-            await bus.publish(subjects.graded(run_id), message, msg_id=message.trajectory.trajectory_id)
+        await one_step_run(bus, run_id, config, "lora")
         finished = await _finished(bus, run_id)
         assert finished.status == "finished", finished
         full, delta = [await get_manifest(bus=bus, run_id=run_id, version=v) for v in (0, 1)]
