@@ -1,5 +1,6 @@
 """Rollout service: follows weight announcements and runs a worker for each live run it hears of, and
-runs the evaluations asked for on EVALS (one at a time per replica)."""
+runs the evaluations asked for on EVALS (one at a time per replica). Runs and evaluations share the
+replica's episode slots (`max_episodes`)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from services.rollout.admission import budget_spent
 from services.rollout.evaluation import handle_eval_request
 from services.rollout.harness import Episodes, episodes_app
 from services.rollout.settings import Settings
+from services.rollout.slots import EpisodeSlots
 from services.rollout.worker import RunWorker
 
 
@@ -22,6 +24,7 @@ async def setup(rt: Runtime[Settings]) -> None:
     torch.set_num_threads(settings.torch_threads)
     workers: dict[str, RunWorker] = {}
     episodes = Episodes()
+    slots = EpisodeSlots(settings.max_episodes)
     port = await rt.serve_http(
         episodes_app(episodes), host=settings.episodes_host, port=settings.episodes_port, name="episodes"
     )
@@ -39,7 +42,7 @@ async def setup(rt: Runtime[Settings]) -> None:
                 redis=rt.redis, run_id=announced.run_id, config=config
             ):
                 return
-            worker = RunWorker(rt=rt, run_id=announced.run_id, config=config, episodes=episodes)
+            worker = RunWorker(rt=rt, run_id=announced.run_id, config=config, episodes=episodes, slots=slots)
             workers[announced.run_id] = worker
             rt.spawn(work(worker), name=f"run-{announced.run_id}")
             rt.log.info("joined run", run_id=announced.run_id)
@@ -54,7 +57,7 @@ async def setup(rt: Runtime[Settings]) -> None:
     await rt.bus.watch(subjects.WEIGHTS_ANNOUNCED_ALL, WeightsAnnounced, on_announced, last_per_subject=True)
 
     async def on_eval(request: EvalRequest, delivery: Delivery) -> None:
-        await handle_eval_request(rt, request, delivery)
+        await handle_eval_request(rt, slots, request, delivery)
 
     rt.spawn(
         rt.bus.consume(

@@ -1,5 +1,6 @@
 """Evaluations on a rollout replica: one weight version of a run on every task of a held-out split.
 
+Every task starts at once, as the replica's episode slots allow, so the episodes decode in one batch.
 Each task gets one sandbox, forked into 1 + k copies: episode 0 decodes greedily (pass@1), episodes
 1..k sample at the run's temperature (pass@k). They run through the same engine, sandbox and grader as
 training episodes, and are published on the run's ROLLOUTS subject marked with the evaluation's id, so
@@ -28,6 +29,7 @@ from crucible.runtime import Runtime
 from services.rollout.engine import PolicyEngine
 from services.rollout.publish import publish_trajectory
 from services.rollout.settings import Settings
+from services.rollout.slots import EpisodeSlots, Held
 
 SANDBOX_TTL_S = 600.0
 KEEP_ALIVE_S = 10.0
@@ -37,16 +39,18 @@ class EvaluationError(RuntimeError):
     """The evaluation cannot run (unknown run, version not published, no such tasks)."""
 
 
-async def handle_eval_request(rt: Runtime[Settings], request: EvalRequest, delivery: Delivery) -> None:
+async def handle_eval_request(
+    rt: Runtime[Settings], slots: EpisodeSlots, request: EvalRequest, delivery: Delivery
+) -> None:
     async with delivery.keep_alive(every_s=KEEP_ALIVE_S):
         try:
-            await run_evaluation(rt, request)
+            await run_evaluation(rt, slots, request)
         except EvaluationError as exc:
             rt.log.error("evaluation cannot run", eval_id=request.eval_id, error=str(exc))
             await _report(rt, request, status="failed", error=str(exc))
 
 
-async def run_evaluation(rt: Runtime[Settings], request: EvalRequest) -> None:
+async def run_evaluation(rt: Runtime[Settings], slots: EpisodeSlots, request: EvalRequest) -> None:
     config = await run_config(rt.bus, request.run_id)
     if config is None:
         raise EvaluationError(f"no run {request.run_id!r}")
@@ -66,13 +70,13 @@ async def run_evaluation(rt: Runtime[Settings], request: EvalRequest) -> None:
     )
     try:
         await engine.load(state, manifest.version)
-        await _evaluate(rt, engine, config, request)
+        await _evaluate(rt, slots, engine, config, request)
     finally:
         engine.close()
 
 
 async def _evaluate(
-    rt: Runtime[Settings], engine: PolicyEngine, config: RunConfig, request: EvalRequest
+    rt: Runtime[Settings], slots: EpisodeSlots, engine: PolicyEngine, config: RunConfig, request: EvalRequest
 ) -> None:
     try:
         listed = await rt.bus.request(
@@ -88,11 +92,10 @@ async def _evaluate(
     per_task = 1 + request.samples
     await _report(rt, request, status="running", tasks=len(tasks), expected=len(tasks) * per_task)
     rt.log.info("evaluating", eval_id=request.eval_id, version=request.version, tasks=len(tasks))
-    slots = asyncio.Semaphore(rt.settings.concurrent_groups)
 
     async def one_task(index: int, task: TaskSpec) -> int:
-        async with slots:
-            return await _evaluate_task(rt, engine, config, request, index, task)
+        async with slots.held(per_task + 1) as held:  # the task's sandbox and its forks
+            return await _evaluate_task(rt, held, engine, config, request, index, task)
 
     failed = await asyncio.gather(*(one_task(i, task) for i, task in enumerate(tasks)))
     await _report(
@@ -107,7 +110,7 @@ async def _evaluate(
 
 
 async def _evaluate_task(
-    rt, engine, config: RunConfig, request: EvalRequest, index: int, task: TaskSpec
+    rt, held: Held, engine, config: RunConfig, request: EvalRequest, index: int, task: TaskSpec
 ) -> int:
     """Run and publish one task's episodes; returns how many failed (and so will never be graded)."""
     per_task = 1 + request.samples
@@ -123,6 +126,7 @@ async def _evaluate_task(
             "no sandbox for an evaluated task", eval_id=request.eval_id, task=task.task_id, error=repr(exc)
         )
         return per_task
+    held.release(1)  # the forks' parent is closed
 
     async def episode(sample: int, session) -> bool:
         trajectory_id = f"{request.eval_id}-t{index:04d}-s{sample:02d}"

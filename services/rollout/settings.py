@@ -7,8 +7,10 @@ from crucible.settings import CommonSettings
 
 
 class Settings(CommonSettings):
-    concurrent_groups: int = Field(default=1, ge=1, le=64)
-    """Groups (each of group_size episodes) this replica runs at once per run."""
+    max_episodes: int = Field(default=32, ge=1, le=1024)
+    """Episodes this replica runs at once, over its runs and evaluations: each holds a sandbox session
+    (keep it within the sandbox replicas' `max_sessions`) and a KV slot. A run admits a group whenever
+    its episodes fit, so a step's groups are admitted together and decode in one batch."""
     max_failed_groups: int = Field(default=10, ge=1)
     """Groups of one run that may produce nothing in a row (outages aside) before the run is failed
     with the reason."""

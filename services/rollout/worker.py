@@ -39,6 +39,7 @@ from services.rollout.metrics import (
 )
 from services.rollout.publish import publish_trajectory
 from services.rollout.settings import Settings
+from services.rollout.slots import EpisodeSlots, Held
 
 GROUP_RETRY_S = 2.0
 REDIS_ERRORS = (RedisError, OSError)
@@ -62,8 +63,17 @@ class _EpisodeArgs(TypedDict):
 class RunWorker:
     """Everything one replica does for one run."""
 
-    def __init__(self, *, rt: Runtime[Settings], run_id: str, config: RunConfig, episodes: Episodes) -> None:
+    def __init__(
+        self,
+        *,
+        rt: Runtime[Settings],
+        run_id: str,
+        config: RunConfig,
+        episodes: Episodes,
+        slots: EpisodeSlots,
+    ) -> None:
         self.rt = rt
+        self.slots = slots
         self.episodes_endpoint = episodes
         self.settings = rt.settings
         self.run_id = run_id
@@ -129,7 +139,7 @@ class RunWorker:
         self.rt.log.info("run finished on this replica", run_id=self.run_id, episodes=self.episodes)
 
     async def _run(self) -> None:
-        slots = asyncio.Semaphore(self.settings.concurrent_groups)
+        per_group = self.config.schedule.group_size + 1  # the task's sandbox and its forks
         groups: set[asyncio.Task] = set()
         while not self.rt.stopping.is_set():
             try:
@@ -143,22 +153,22 @@ class RunWorker:
             if self.engine.version < 0:
                 await self._wait_for_version()
                 continue
-            await slots.acquire()
+            held = await self.slots.take(per_group)
             try:
                 index = await try_admit(
                     redis=self.rt.redis, run_id=self.run_id, config=self.config, version=self.engine.version
                 )
             except REDIS_ERRORS as exc:
-                slots.release()
+                held.close()
                 await self._away(exc)
                 continue
             if index is None:
-                slots.release()
+                held.close()
                 await self._wait_for_version()
                 continue
-            task = asyncio.create_task(self._group(index))
+            task = asyncio.create_task(self._group(index, held))
             groups.add(task)
-            task.add_done_callback(lambda t: (groups.discard(t), slots.release()))
+            task.add_done_callback(lambda t, held=held: (groups.discard(t), held.close()))
         if groups:
             await asyncio.gather(*groups, return_exceptions=True)
 
@@ -179,10 +189,10 @@ class RunWorker:
         except TimeoutError:
             pass
 
-    async def _group(self, index: int) -> None:
+    async def _group(self, index: int, held: Held) -> None:
         run = self.run_id
         with GROUPS_IN_FLIGHT.labels(run).track_inprogress(), GROUP_SECONDS.labels(run).time(), self._busy():
-            await self._run_group(index)
+            await self._run_group(index, held)
 
     @contextlib.contextmanager
     def _busy(self) -> Iterator[None]:
@@ -197,7 +207,7 @@ class RunWorker:
             if self.in_flight == 0:
                 BUSY_SECONDS.labels(self.run_id).inc(time.monotonic() - self.busy_since)
 
-    async def _run_group(self, index: int) -> None:
+    async def _run_group(self, index: int, held: Held) -> None:
         group_id = f"{self.run_id}-g{index:05d}-{uuid.uuid4().hex[:8]}"
         try:
             reply = await self.rt.bus.request(
@@ -221,6 +231,7 @@ class RunWorker:
         except Exception as exc:  # no sandbox for the group: give the slot back and let a later try use it
             await self._group_failed(index, f"could not prepare sandboxes for task {task.task_id}", exc)
             return
+        held.release(1)  # the forks' parent is closed
         episodes = [
             self._episode(task, group_id, index * 1000 + i, session) for i, session in enumerate(sessions)
         ]

@@ -21,6 +21,7 @@ from crucible.runtime import running
 from services.checkpoints.app import setup as checkpoints_setup
 from services.checkpoints.settings import Settings as CheckpointsSettings
 from services.rollout.settings import Settings as RolloutSettings
+from services.rollout.slots import EpisodeSlots
 from services.rollout.worker import RunWorker
 
 pytestmark = pytest.mark.integration
@@ -61,7 +62,7 @@ async def test_a_replica_swaps_in_deltas_exactly_and_refuses_a_corrupt_one(commo
         running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
         running("rollout", rollout_settings, no_setup) as rt,
     ):
-        worker = RunWorker(rt=rt, run_id=run_id, config=config, episodes=None)
+        worker = RunWorker(rt=rt, run_id=run_id, config=config, episodes=None, slots=EpisodeSlots(1))
         try:
             publisher = WeightsPublisher(bus=rt.bus, store=rt.store, run_id=run_id)
             for version in (0, 1):
