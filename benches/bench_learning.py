@@ -59,7 +59,8 @@ class Stack:
     def run(self, name: str, config: dict[str, Any]) -> dict[str, Any]:
         """Create a run, wait until it and its evaluations finish; the run with its evaluations."""
         run = self.client.post("/v1/runs", json={"name": name, "config": config}).raise_for_status().json()
-        deadline = time.monotonic() + self.timeout
+        started = time.monotonic()
+        deadline = started + self.timeout
         while time.monotonic() < deadline:
             dead = self.stack.poll()
             if dead:
@@ -72,7 +73,7 @@ class Stack:
                     "items"
                 ]
                 if evals and all(e["status"] in ("finished", "failed") for e in evals):
-                    return {**run, "evals": evals}
+                    return {**run, "evals": evals, "seconds": round(time.monotonic() - started, 1)}
             time.sleep(2.0)
         raise TimeoutError(f"run {name} did not finish in {self.timeout} s")
 
@@ -83,6 +84,25 @@ class Stack:
                  "reward": s["metrics"].get("reward_mean", 0.0),
                  **{k: v for k, v in s["metrics"].items() if k.startswith("tokens_")}}
                 for s in items]  # fmt: skip
+
+    def tasks_of(self, run: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
+        """Per task, [resolved, episodes] of the run's training episodes and of its last evaluation."""
+        last = {"eval_id": run["evals"][-1]["eval_id"]} if run["evals"] else None
+        return {"train": self._tally(run, {}), "eval": self._tally(run, last) if last else {}}
+
+    def _tally(self, run: dict[str, Any], params: dict[str, str]) -> dict[str, list[int]]:
+        counts: dict[str, list[int]] = {}
+        cursor = None
+        while True:
+            query = {**params, "limit": 200, **({"cursor": cursor} if cursor else {})}
+            page = self.client.get(f"/v1/runs/{run['run_id']}/trajectories", params=query)
+            for t in page.raise_for_status().json()["items"]:
+                tally = counts.setdefault(t["task_id"], [0, 0])
+                tally[0] += int(t["resolved"])
+                tally[1] += 1
+            cursor = page.json()["next_cursor"]
+            if cursor is None:
+                return counts
 
     def steps_of(self, run: dict[str, Any]) -> dict[int, int]:
         """version -> optimizer step it was published at."""
@@ -145,7 +165,9 @@ def one_seed(
         "rl": rl_curve,
         "control": control_curve,
         "rl_train": stack.train_resolved(rl),
+        "tasks": {"warm": stack.tasks_of(warm), "rl": stack.tasks_of(rl), "control": stack.tasks_of(control)},
         "runs": {"warm": warm["run_id"], "rl": rl["run_id"], "control": control["run_id"]},
+        "seconds": {"warm": warm["seconds"], "rl": rl["seconds"], "control": control["seconds"]},
     }
 
 
@@ -154,7 +176,7 @@ def base_config(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     return {
         "seed": seed,
         "model": {"source": args.model},
-        "tasks": {"taskset": "pybugs", "difficulties": [1]},
+        "tasks": {"taskset": "pybugs", "difficulties": [1], "sampling": args.sampling},
         "agent": {**AGENT, "temperature": args.temperature},
         "eval": {"split": args.eval_split, "samples": args.samples, "max_tasks": 1000, "at_end": True},
     }
@@ -231,6 +253,9 @@ def main() -> None:
     parser.add_argument("--rl-lr", type=float, default=1e-3, help="optim.learning_rate of the RL arm.")
     parser.add_argument(
         "--lora", type=int, default=0, help="model.lora rank of both arms (alpha 2 x rank); 0: every weight."
+    )
+    parser.add_argument(
+        "--sampling", choices=("uniform", "learnable"), default="uniform", help="tasks.sampling of every run."
     )
     parser.add_argument("--temperature", type=float, default=1.0, help="agent.temperature of every run.")
     parser.add_argument(

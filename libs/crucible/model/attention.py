@@ -1,5 +1,6 @@
 """Grouped-query self-attention with rotary positions and an optional KV cache
-(`KVCache` or a continuous batch's `SlotBatch`: the cache says which keys each query sees).
+(`KVCache` or a continuous batch's `SlotBatch`: the cache says which keys each query sees; a
+`RaggedBatch` packs several slot batches' tokens, so the projections run once and the core per part).
 
 Projections run at the model's precision (queries, keys and values as one fused `wqkv` weight, rows
 in that order, with an optional bias); queries and keys may be RMS-normalised per head (`qk_norm="head"`,
@@ -14,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from crucible.model.config import ModelConfig
-from crucible.model.kvcache import KVCache, SlotBatch
+from crucible.model.kvcache import Cache, KVCache, RaggedBatch, SlotBatch
 from crucible.model.layers import Linear, RMSNorm, apply_rotary
 
 
@@ -37,7 +38,7 @@ class Attention(nn.Module):
         x_BTD: torch.Tensor,
         cos_Td: torch.Tensor,
         sin_Td: torch.Tensor,
-        cache: KVCache | SlotBatch | None,
+        cache: Cache | None,
     ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H, KV, hd = self.n_heads, self.n_kv_heads, self.head_dim
@@ -47,9 +48,23 @@ class Attention(nn.Module):
         q, k, v = q.view(B, T, H, hd), k.view(B, T, KV, hd), v.view(B, T, KV, hd)
         if self.qk_norm == "head":
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rotary(q, cos_Td, sin_Td).transpose(1, 2)
-        k = apply_rotary(k, cos_Td, sin_Td).transpose(1, 2)
-        v = v.transpose(1, 2).float()
+        q, k = apply_rotary(q, cos_Td, sin_Td), apply_rotary(k, cos_Td, sin_Td)
+        if isinstance(cache, RaggedBatch):
+            o = cache.each(self._attend, q, k, v)
+        else:
+            o = self._attend(q, k, v, cache)
+        return self.wo(o.reshape(B, T, -1))
+
+    def _attend(
+        self,
+        q_BTHd: torch.Tensor,
+        k_BTHd: torch.Tensor,
+        v_BTHd: torch.Tensor,
+        cache: KVCache | SlotBatch | None,
+    ) -> torch.Tensor:
+        """The attention core of rows fed the same number of tokens: [B, T, H, d] out."""
+        T = q_BTHd.shape[1]
+        q, k, v = q_BTHd.transpose(1, 2), k_BTHd.transpose(1, 2), v_BTHd.transpose(1, 2).float()
         mask = None
         if cache is not None:
             mask = cache.mask(T)
@@ -57,4 +72,4 @@ class Attention(nn.Module):
         o = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=mask is None and T > 1, enable_gqa=True
         )
-        return self.wo(o.transpose(1, 2).reshape(B, T, -1))
+        return o.transpose(1, 2)

@@ -9,12 +9,12 @@ and says whether it is done. Sequences join and leave between steps; each step i
 1. prefix sharing: a sequence about to prefill copies the keys and values of its longest common prefix
    with a resident sequence whose cache was computed by the current weights (the G episodes of a group
    prefill their shared prompt once; different tasks share the system prompt);
-2. one decode forward for every sequence with exactly one token to feed (batch B, one position each);
-3. one prefill forward: a chunk of the oldest sequence with more to feed, batched with the same chunk
-   length of other sequences that have as much, within `prefill_chunk` tokens in all; the length is the
-   one that feeds the most tokens (`_chunk`), so a long observation never stalls the decoding ones for
-   more than one chunk, and a group's distinct prompts, or observations of different lengths, prefill
-   together.
+2. one forward that feeds every sequence with exactly one token to feed (decode: one position each)
+   and the sequences with more, within `prefill_chunk` prefill tokens in all (`_prefills`: short ones,
+   such as a grammar's forced tokens, whole; the rest oldest first, so a long observation never stalls
+   the others for more than a chunk). Rows fed different numbers of tokens go in packed (`RaggedBatch`):
+   the linear layers run once over every token, attention once per distinct length, so a step costs
+   one forward whatever its mix.
 
 The cache (`SlotCache`) holds one slot per resident sequence, kept between a sequence's turns (an
 episode's KV cache survives its tool calls) until `release`. A released slot keeps its cache until a slot
@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 import torch
 
-from crucible.model.kvcache import SlotCache
+from crucible.model.kvcache import RaggedBatch, SlotCache
 from crucible.model.transformer import Transformer
 
 Choose = Callable[[torch.Tensor, int], bool]
@@ -81,9 +81,11 @@ class _Request:
 @dataclass
 class BatcherStats:
     steps: int = 0
-    decode_rows: int = 0  # summed over decode forwards
+    forwards: int = 0
+    mixed_forwards: int = 0  # of them, rows fed different numbers of tokens packed together
+    decode_rows: int = 0  # summed over steps
     prefill_tokens: int = 0  # computed
-    prefill_forwards: int = 0
+    prefill_parts: int = 0  # rows fed the same number (> 1) of tokens in one forward
     shared_tokens: int = 0  # copied from a shared prefix instead of computed
     forward_s: float = 0.0  # in the model's forwards
     choose_s: float = 0.0  # in the callers' `choose` (constraints, sampling, bookkeeping)
@@ -233,32 +235,37 @@ class ContinuousBatcher:
             if self._share(request, residents, ahead):
                 deferred.add(id(request))
             ahead.append(request)
-        decode = sorted((r for r in live if self._pending(r) == 1), key=lambda r: r.resident.slot)
-        if decode:
-            self._forward(decode, 1)
-        # a request finished by the decode forward is its caller's again: its sequence may already grow
-        waiting = [r for r in live if not r.future.done() and self._pending(r) > 1 and id(r) not in deferred]
-        if waiting:  # the oldest's next chunk, with every other that has as much to feed, within the budget
-            n = self._chunk(waiting)
-            rows = [r for r in waiting if self._pending(r) >= n][: max(1, self.prefill_chunk // n)]
-            self._forward(sorted(rows, key=lambda r: r.resident.slot), n)
+        decode = [r for r in live if self._pending(r) == 1]
+        waiting = [r for r in live if self._pending(r) > 1 and id(r) not in deferred]
+        parts = ([(decode, 1)] if decode else []) + self._prefills(waiting)
+        if parts:
+            self._forward([(sorted(rows, key=lambda r: r.resident.slot), n) for rows, n in parts])
         for request in live:
             if not request.future.done() and request.choose is None and self._pending(request) == 0:
                 self._finish(request, None)
         return True
 
-    def _chunk(self, waiting: list[_Request]) -> int:
-        """The chunk length of this step's prefill forward: at most the oldest waiting sequence's pending
-        tokens (it is always fed) and `prefill_chunk`, chosen to feed the most tokens in all, n x (the
-        sequences with at least n to feed, at most prefill_chunk // n of them). Observations of different
-        lengths then prefill together, a common length first, instead of one forward each."""
-        cap = min(self.prefill_chunk, self._pending(waiting[0]))
-        best, fed = cap, 0
-        for n in sorted({min(self._pending(r), cap) for r in waiting}, reverse=True):
-            rows = min(sum(self._pending(r) >= n for r in waiting), max(1, self.prefill_chunk // n))
-            if n * rows > fed:
-                best, fed = n, n * rows
-        return best
+    def _prefills(self, waiting: list[_Request]) -> list[tuple[list[_Request], int]]:
+        """This step's prefill parts (requests fed n tokens each), within `prefill_chunk` tokens in all.
+        The shortest (a grammar's forced tokens, a short observation) are fed whole while they take at
+        most half the budget; the rest goes to the others oldest first, so the oldest always progresses
+        and a long observation never stalls the decoding sequences for more than a chunk."""
+        fed: dict[int, int] = {}
+        used = 0
+        for request in sorted(waiting, key=self._pending):
+            n = self._pending(request)
+            if used + n > self.prefill_chunk // 2:
+                break
+            fed[id(request)], used = n, used + n
+        for request in waiting:
+            if id(request) not in fed and used < self.prefill_chunk:
+                n = min(self._pending(request), self.prefill_chunk - used)
+                fed[id(request)], used = n, used + n
+        parts: dict[int, list[_Request]] = {}
+        for request in waiting:
+            if id(request) in fed:
+                parts.setdefault(fed[id(request)], []).append(request)
+        return sorted(((rows, n) for n, rows in parts.items()), key=lambda part: part[1])
 
     @staticmethod
     def _pending(request: _Request) -> int:
@@ -364,35 +371,47 @@ class ContinuousBatcher:
         self.stats.shared_tokens += best - start
         return coming > best
 
-    def _forward(self, requests: list[_Request], n: int) -> None:
+    def _forward(self, parts: list[tuple[list[_Request], int]]) -> None:
+        """One forward over every part (requests fed n tokens each): a plain batch for one part, a
+        `RaggedBatch` packing them for several."""
         model, version = self._model, self._version
         assert model is not None and self._cache is not None
-        tokens = [
-            r.resident.sequence.tokens[r.resident.sequence.fed : r.resident.sequence.fed + n]
-            for r in requests
-        ]
-        batch = self._cache.batch([r.resident.slot for r in requests])
+        requests = [r for rows, _ in parts for r in rows]
+        batches = [(self._cache.batch([r.resident.slot for r in rows]), n) for rows, n in parts]
+        tokens = [_next(r.resident.sequence, n) for rows, n in parts for r in rows]
+        ragged = RaggedBatch(batches) if len(parts) > 1 else None
+        if ragged is None:
+            batch, inputs = batches[0][0], torch.tensor(tokens, dtype=torch.long)
+        else:
+            batch, inputs = ragged, torch.tensor([[t for row in tokens for t in row]])
         started = time.perf_counter()
         try:
-            out = model(torch.tensor(tokens, dtype=torch.long), cache=batch, last_only=True)
+            out = model(inputs, cache=batch, last_only=True)
         except Exception as exc:  # the inputs were checked: this is the model's own failure
             for request in requests:
                 self._finish(request, exc)
             return
         chosen = time.perf_counter()
         self.stats.forward_s += chosen - started
-        if n == 1:
-            self.stats.decode_rows += len(requests)
-        else:
-            self.stats.prefill_tokens += n * len(requests)
-            self.stats.prefill_forwards += 1
-        for b, request in enumerate(requests):
+        self.stats.forwards += 1
+        self.stats.mixed_forwards += int(ragged is not None)
+        for rows, n in parts:
+            if n == 1:
+                self.stats.decode_rows += len(rows)
+            else:
+                self.stats.prefill_tokens += n * len(rows)
+                self.stats.prefill_parts += 1
+        routes = None
+        if out.routes is not None:  # per request, [n, L, k]
+            routes = out.routes if ragged is None else [r for part in ragged.split(out.routes) for r in part]
+        feeds = [n for rows, n in parts for _ in rows]
+        for b, (request, n) in enumerate(zip(requests, feeds, strict=True)):
             resident, sequence = request.resident, request.resident.sequence
             if sequence.fed == 0:
                 resident.version = version
             sequence.fed += n
-            if out.routes is not None:
-                sequence.routes.extend(out.routes[b].tolist())
+            if routes is not None:
+                sequence.routes.extend(routes[b].tolist())
             if request.choose is None or sequence.fed < len(sequence.tokens) or request.future.done():
                 continue
             try:
@@ -410,6 +429,11 @@ class ContinuousBatcher:
                 self._queue.remove(request)
         if not request.future.done():
             request.future.set_result(error)
+
+
+def _next(sequence: Sequence, n: int) -> list[int]:
+    """The sequence's next n tokens to feed."""
+    return sequence.tokens[sequence.fed : sequence.fed + n]
 
 
 def common_prefix(a: list[int], b: list[int], limit: int | None = None) -> int:

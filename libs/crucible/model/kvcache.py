@@ -3,6 +3,7 @@ length), and `SlotCache`, independent sequences each at its own length (continuo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -194,3 +195,57 @@ class SlotBatch:
     def advance(self, n: int) -> None:
         for r in self.rows:
             self.cache.lengths[r] += n
+
+
+class RaggedBatch:
+    """Slot batches fed in one forward, each fed its own number of tokens per row (a continuous-batching
+    step's decode rows, one token each, and its prefill chunks): the tokens of every part are packed into
+    one row, [1, N], so each linear layer runs once over all of them; attention runs part by part, each
+    part's rows at their own lengths (`split`, then `join`)."""
+
+    def __init__(self, parts: list[tuple[SlotBatch, int]]) -> None:
+        if not parts or any(n < 1 for _, n in parts):
+            raise ValueError("a ragged batch needs parts of at least one token per row")
+        rows = [r for batch, _ in parts for r in batch.rows]
+        if len(set(rows)) != len(rows):
+            raise ValueError(f"a ragged batch's parts need distinct slots, got {rows}")
+        self.parts = parts
+        self.sizes = [batch.batch_size * n for batch, n in parts]
+        self.tokens = sum(self.sizes)
+        self.end = max(batch.length + n for batch, n in parts)  # past the longest row's new tokens
+        self.max_len = parts[0][0].max_len
+
+    def positions(self, n: int) -> torch.Tensor:
+        """[1, N]: the position of every packed token."""
+        assert n == self.tokens, f"a ragged batch feeds {self.tokens} tokens, not {n}"
+        return torch.cat([batch.positions(k).reshape(-1) for batch, k in self.parts])[None]
+
+    def split(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """[1, N, ...] to each part's [B, n, ...]."""
+        chunks = x[0].split(self.sizes)
+        return [
+            c.reshape(batch.batch_size, n, *c.shape[1:])
+            for c, (batch, n) in zip(chunks, self.parts, strict=True)
+        ]
+
+    def join(self, xs: list[torch.Tensor]) -> torch.Tensor:
+        """Each part's [B, n, ...] back to [1, N, ...]."""
+        return torch.cat([x.reshape(-1, *x.shape[2:]) for x in xs])[None]
+
+    def each(self, attend: Callable[..., torch.Tensor], *xs: torch.Tensor) -> torch.Tensor:
+        """`attend(*pieces, batch)` for every part, on its [B, n, ...] pieces of each [1, N, ...] of xs,
+        the results joined back to [1, N, ...]."""
+        pieces = [self.split(x) for x in xs]
+        return self.join([attend(*(p[i] for p in pieces), batch) for i, (batch, _) in enumerate(self.parts)])
+
+    def last(self, x: torch.Tensor) -> torch.Tensor:
+        """[1, N, ...] to [rows, 1, ...]: each row's last token, rows in the parts' order."""
+        return torch.cat([part[:, -1:] for part in self.split(x)])
+
+    def advance(self, n: int) -> None:
+        for batch, k in self.parts:
+            batch.advance(k)
+
+
+Cache = KVCache | SlotBatch | RaggedBatch
+"""What a model's forward continues from (crucible.model.transformer)."""

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from crucible.model.config import ModelConfig
-from crucible.model.kvcache import KVCache, SlotBatch
+from crucible.model.kvcache import Cache, KVCache, RaggedBatch, SlotBatch
 from crucible.model.layers import Linear, RMSNorm, apply_rotary
 
 LATENT_NORM_EPS = 1e-6  # DeepSeek's latent norms use their own epsilon, not the model's
@@ -50,19 +50,35 @@ class LatentAttention(nn.Module):
         x_BTD: torch.Tensor,
         cos_Td: torch.Tensor,
         sin_Td: torch.Tensor,
-        cache: KVCache | SlotBatch | None,
+        cache: Cache | None,
     ) -> torch.Tensor:
         B, T, _ = x_BTD.shape
         H = self.n_heads
         q = self.wq_b(self.q_norm(self.wq_a(x_BTD))) if hasattr(self, "wq_a") else self.wq(x_BTD)
         q_nope, q_rope = q.float().view(B, T, H, self.nope + self.rope).split([self.nope, self.rope], dim=-1)
         latent, k_rope = self.wkv_a(x_BTD).float().split([self.kv_rank, self.rope], dim=-1)
-        latent = self.kv_norm(latent).view(B, 1, T, self.kv_rank)
+        latent = self.kv_norm(latent)
         k_rope = k_rope.view(B, T, 1, self.rope)
         if self.interleave:
             q_rope, k_rope = deinterleave(q_rope), deinterleave(k_rope)
-        q_rope = apply_rotary(q_rope, cos_Td, sin_Td)
-        k_rope = apply_rotary(k_rope, cos_Td, sin_Td).transpose(1, 2)  # [B, 1, T, rope]
+        q_rope, k_rope = apply_rotary(q_rope, cos_Td, sin_Td), apply_rotary(k_rope, cos_Td, sin_Td)
+        if isinstance(cache, RaggedBatch):
+            o = cache.each(self._attend, q_nope, q_rope, latent, k_rope)
+        else:
+            o = self._attend(q_nope, q_rope, latent, k_rope, cache)
+        return self.wo(o.reshape(B, T, H * self.v_dim))
+
+    def _attend(
+        self,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        latent_BTr: torch.Tensor,
+        k_rope_BT1r: torch.Tensor,
+        cache: KVCache | SlotBatch | None,
+    ) -> torch.Tensor:
+        """The attention core of rows fed the same number of tokens: [B, T, H, v_dim] out."""
+        B, T, H, _ = q_nope.shape
+        latent, k_rope = latent_BTr.view(B, 1, T, self.kv_rank), k_rope_BT1r.transpose(1, 2)  # [B, 1, T, *]
         mask = None
         if cache is not None:
             mask = cache.mask(T)
@@ -73,4 +89,4 @@ class LatentAttention(nn.Module):
         k = torch.cat([k_nope, k_rope.expand(B, H, S, self.rope)], dim=-1)
         q = torch.cat([q_nope, q_rope], dim=-1).transpose(1, 2)
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1)
-        return self.wo(o.transpose(1, 2).reshape(B, T, H * self.v_dim))
+        return o.transpose(1, 2)

@@ -12,7 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 from crucible.model.attention import Attention
 from crucible.model.config import ModelConfig
-from crucible.model.kvcache import KVCache, SlotBatch
+from crucible.model.kvcache import Cache, KVCache, RaggedBatch, SlotBatch
 from crucible.model.layers import Embedding, FeedForward, Linear, RMSNorm, rotary_tables
 from crucible.model.matmul import check_precision, linear
 from crucible.model.mla import LatentAttention
@@ -47,7 +47,7 @@ class TransformerBlock(nn.Module):
         x: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
-        cache: KVCache | SlotBatch | None,
+        cache: Cache | None,
         replay: torch.Tensor | None,
         valid: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -124,7 +124,7 @@ class Transformer(nn.Module):
         tokens_BT: torch.Tensor,
         *,
         routes: torch.Tensor | None = None,
-        cache: KVCache | SlotBatch | None = None,
+        cache: Cache | None = None,
         valid_BT: torch.Tensor | None = None,
         last_only: bool = False,
         scoring: Scoring | None = None,
@@ -132,7 +132,8 @@ class Transformer(nn.Module):
         """Logits for every position (`last_only`: for the last one only, [B, 1, V], all a sampler needs).
         `routes` [B, T, L_moe, k] replays recorded expert choices (rows of -1 are routed afresh); `cache`
         continues positions at cache.length (a `SlotBatch`: each row at its own slot's length) and
-        advances it by T.
+        advances it by T. A `RaggedBatch` takes its parts' tokens packed as [1, N] and, with `last_only`,
+        gives each row's last logits as [rows, 1, V].
 
         `valid_BT` [B, T] is 1 at real tokens and 0 at padding: padding is computed like any token (its
         outputs are masked by the caller) but does not count in the routers' training load, which
@@ -146,7 +147,7 @@ class Transformer(nn.Module):
             self._check_routes(routes, B, T)
         if valid_BT is not None and tuple(valid_BT.shape) != (B, T):
             raise ValueError(f"valid_BT must have the tokens' shape {(B, T)}, got {tuple(valid_BT.shape)}")
-        if isinstance(cache, SlotBatch):
+        if isinstance(cache, SlotBatch | RaggedBatch):
             positions = cache.positions(T)
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]
         else:
@@ -170,7 +171,9 @@ class Transformer(nn.Module):
         if cache is not None:
             cache.advance(T)
         routes_out = torch.stack(chosen, dim=2) if chosen else None
-        h = self.norm(x[:, -1:] if last_only else x)
+        if last_only:  # each row's last position (of a ragged batch: each packed row's)
+            x = cache.last(x) if isinstance(cache, RaggedBatch) else x[:, -1:]
+        h = self.norm(x)
         if scoring is not None:
             if tuple(scoring.where_BT.shape) != (B, T):
                 raise ValueError(f"scoring.where_BT must have the tokens' shape {(B, T)}")
@@ -190,7 +193,7 @@ class Transformer(nn.Module):
         for moe in self.moe_layers:
             moe.router.update_bias(rate=self.cfg.bias_update_rate if rate is None else rate)
 
-    def _check_tokens(self, tokens_BT: torch.Tensor, cache: KVCache | SlotBatch | None) -> None:
+    def _check_tokens(self, tokens_BT: torch.Tensor, cache: Cache | None) -> None:
         if tokens_BT.dim() != 2 or tokens_BT.dtype not in (torch.int64, torch.int32):
             raise ValueError(
                 "tokens must be an int64 [batch, time] tensor, "
@@ -202,12 +205,17 @@ class Transformer(nn.Module):
         if int(lo) < 0 or int(hi) >= self.cfg.vocab_size:
             raise ValueError(f"token ids must be in [0, {self.cfg.vocab_size})")
         B, T = tokens_BT.shape
-        end = T if cache is None else cache.length + T
+        if isinstance(cache, RaggedBatch):
+            if (B, T) != (1, cache.tokens):
+                raise ValueError(f"a ragged batch feeds [1, {cache.tokens}] tokens, got {[B, T]}")
+            end = cache.end
+        else:
+            end = T if cache is None else cache.length + T
+            if cache is not None and cache.batch_size != B:
+                raise ValueError(f"cache holds {cache.batch_size} sequences, tokens have {B}")
         limit = self.cfg.max_seq_len if cache is None else min(cache.max_len, self.cfg.max_seq_len)
         if end > limit:
             raise ValueError(f"sequence would reach position {end}, past the limit {limit}")
-        if cache is not None and cache.batch_size != B:
-            raise ValueError(f"cache holds {cache.batch_size} sequences, tokens have {B}")
 
     def _check_routes(self, routes: torch.Tensor, B: int, T: int) -> None:
         expected = (B, T, len(self.moe_layers), self.cfg.top_k)

@@ -87,6 +87,7 @@ def test_batched_equals_one_at_a_time_with_sequences_joining_and_leaving(model):
     assert [f.result(timeout=120) for f in futures] == [None] * len(PROMPTS)
     batched = first_half + second_half
     assert batcher.stats.decode_rows > batcher.stats.steps, "nothing was ever decoded together"
+    assert batcher.stats.mixed_forwards > 0, "no prefill ever shared a forward with decode rows"
     for a, b in zip(alone, batched, strict=True):
         assert a.tokens == b.tokens
         assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
@@ -118,8 +119,8 @@ def test_a_shared_prompt_is_prefilled_once(model):
 
 
 def test_prompts_of_different_lengths_prefill_together(model):
-    """Four prompts of 16, 14, 12 and 10 tokens (the longest first): one forward feeds 10 of each, then
-    the rest; each sequence decodes what it decodes alone."""
+    """Four prompts of 16, 14, 12 and 10 tokens (the longest first) prefill in one forward, each whole
+    (52 tokens within the budget of 64); each sequence decodes what it decodes alone."""
     prompts = [list(range(40 + 7 * i, 56 + 5 * i)) for i in range(4)]
     assert [len(p) for p in prompts] == [16, 14, 12, 10]
     alone = []
@@ -139,10 +140,9 @@ def test_prompts_of_different_lengths_prefill_together(model):
     futures = [batcher.submit(s, greedy(s, 3)) for s in group]
     gate.set()
     assert [f.result(timeout=120) for f in futures] == [None] * 4
-    # 4 x 10 tokens in one forward, then 2 x 4 of the remainders (6, 4, 2), then 2 x 2: three forwards
-    # where one per prompt (the longest first, each alone) took four
+    # one forward where one per prompt (the longest first, each alone) took four
     assert batcher.stats.prefill_tokens == 2 + sum(len(p) for p in prompts)
-    assert batcher.stats.prefill_forwards == 1 + 3  # the barrier's, then the four prompts
+    assert (batcher.stats.prefill_parts, batcher.stats.mixed_forwards) == (1 + 4, 1)  # the barrier's, then 4
     for a, b in zip(alone, group, strict=True):
         assert a.tokens == b.tokens and b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
     batcher.close()
@@ -256,3 +256,16 @@ def test_more_sequences_than_slots_wait_for_a_release(model):
     batcher.close()
     with pytest.raises(BatcherError, match="closed"):
         batcher.submit(Seq([1]), greedy(Seq([1]), 1))
+
+
+def test_a_step_feeds_short_pending_tokens_whole_and_the_oldest_long_one_the_rest():
+    """Within a budget of 16 prefill tokens: forced tokens (2 and 3 pending) whole, within half the
+    budget; the oldest long prompt the rest (11 of 60); a third short one (4) waits for the next step."""
+    from crucible.model.batcher import _Request, _Resident
+
+    batcher = ContinuousBatcher(max_context=128, max_slots=4, prefill_chunk=16)
+    requests = [_Request(_Resident(Seq(list(range(n))), slot=i, version=0), None)
+                for i, n in enumerate((60, 3, 4, 2))]  # fmt: skip
+    parts = batcher._prefills(requests)
+    assert [(n, [r.resident.slot for r in rows]) for rows, n in parts] == [(2, [3]), (3, [1]), (11, [0])]
+    batcher.close()

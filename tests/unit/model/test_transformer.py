@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from crucible.model import PRESETS, VOCAB_SIZE, ModelConfig, ModelOutput, build_model
+from crucible.model.kvcache import RaggedBatch, SlotCache
 
 
 def test_every_preset_has_the_byte_vocabulary_and_tiny_is_long_enough():
@@ -139,3 +140,39 @@ def test_param_counts_and_dense_equivalent(cfg):
     router = cfg.num_experts * cfg.dim * len(cfg.moe_layers)
     assert dense.param_count() == cfg.param_count(active=True) - router
     assert cfg.param_count(active=True) < cfg.param_count()
+
+
+@pytest.mark.parametrize("attention", ["gqa", "mla"])
+def test_a_ragged_batch_gives_each_part_what_it_gives_alone(cfg, tokens, attention):
+    """Decode rows and a prefill chunk packed into one forward (the continuous batcher's mixed step):
+    every row's last logits, routes and cache the same as two forwards, one per part. fp32 throughout:
+    the packed matmuls may block their reductions differently for another row count, a few ulps per
+    layer on values of order 1, far inside 1e-5."""
+    if attention == "mla":
+        cfg = dataclasses.replace(cfg, attention="mla", q_lora_rank=16, kv_lora_rank=16, qk_nope_head_dim=8,
+                                  qk_rope_head_dim=8, v_head_dim=8, rope_interleave=True)  # fmt: skip
+    model = build_model(cfg, precision="fp32").eval()
+
+    def filled() -> SlotCache:
+        """Slots 0-1 hold 10 and 13 tokens (they decode next), slots 2-3 hold 4 and 0 (they prefill 6)."""
+        cache = SlotCache.of(model.new_cache(batch_size=4, max_len=64))
+        for slot, n in enumerate((10, 13, 4)):
+            model(tokens[slot % 2 : slot % 2 + 1, :n], cache=cache.batch([slot]))
+        return cache
+
+    decode, prefill = tokens[:, 13:14], torch.stack([tokens[0, 4:10], tokens[1, :6]])
+    with torch.no_grad():
+        alone = filled()
+        a = model(decode, cache=alone.batch([0, 1]), last_only=True)
+        b = model(prefill, cache=alone.batch([2, 3]), last_only=True)
+        packed = filled()
+        ragged = RaggedBatch([(packed.batch([0, 1]), 1), (packed.batch([2, 3]), 6)])
+        out = model(torch.cat([decode.reshape(-1), prefill.reshape(-1)])[None], cache=ragged, last_only=True)
+    assert out.logits.shape == (4, 1, cfg.vocab_size)
+    torch.testing.assert_close(out.logits, torch.cat([a.logits, b.logits]), atol=1e-5, rtol=1e-5)
+    # routes of every packed token, in order
+    assert torch.equal(out.routes[0], torch.cat([a.routes.flatten(0, 1), b.routes.flatten(0, 1)]))
+    assert packed.lengths == alone.lengths == [11, 14, 10, 6]
+    torch.testing.assert_close(packed.k, alone.k, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="ragged batch feeds"):
+        model(decode, cache=RaggedBatch([(packed.batch([0, 1]), 1), (packed.batch([2, 3]), 6)]))
