@@ -234,6 +234,11 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", help="model.source, e.g. package:smollm2-135m-instruct.")
     parser.add_argument("--torch-threads", type=int, default=1, help="Per rollout and trainer process.")
     parser.add_argument(
+        "--trainer-threads",
+        type=int,
+        help="The trainer's, if not --torch-threads (its warm start runs alone).",
+    )
+    parser.add_argument(
         "--tasks-per-difficulty", type=int, default=60, help="Generated difficulty-1 tasks (1/5 test)."
     )
     parser.add_argument("--sft-steps", type=int, default=300)
@@ -283,8 +288,12 @@ def main() -> None:
         "CRUCIBLE_DIFFICULTIES": "[1]",
     }
     context = {"CRUCIBLE_MAX_CONTEXT": MAX_CONTEXT, "CRUCIBLE_TORCH_THREADS": str(args.torch_threads)}
+    # A wave of a step's SmolLM2 episodes runs past the trainer's default 180 s before anything is graded
+    # on 2 cores; a shorter wait would take the groups in flight for lost and admit more.
+    trainer = {**context, "CRUCIBLE_TORCH_THREADS": str(args.trainer_threads or args.torch_threads),
+               "CRUCIBLE_GROUP_TIMEOUT_S": "900"}  # fmt: skip
     with LocalStack(
-        api_port=0, service_env={"catalog": catalog, "rollout": context, "trainer": context}
+        api_port=0, service_env={"catalog": catalog, "rollout": context, "trainer": trainer}
     ) as local:
         stack = Stack(local, args.timeout)
         # --shared-warm-start: one warm start (seed 0) that both arms of every seed start from
