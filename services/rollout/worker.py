@@ -143,10 +143,14 @@ class RunWorker:
         groups: set[asyncio.Task] = set()
         while not self.rt.stopping.is_set():
             try:
-                if await self._finished() or await budget_spent(
-                    redis=self.rt.redis, run_id=self.run_id, config=self.config
-                ):
+                if await self._finished():
                     break
+                if await budget_spent(redis=self.rt.redis, run_id=self.run_id, config=self.config):
+                    if not groups:
+                        break
+                    # a group in flight that produces nothing gives its index back: admit it again
+                    await asyncio.wait(set(groups), return_when=asyncio.FIRST_COMPLETED)
+                    continue
             except (*REDIS_ERRORS, Unavailable) as exc:
                 await self._away(exc)
                 continue
