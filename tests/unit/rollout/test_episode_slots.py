@@ -10,17 +10,22 @@ import pytest
 from services.rollout.slots import EpisodeSlots
 
 
+async def queued(slots: EpisodeSlots, n: int) -> None:
+    """Until n requests wait in the slots' queue (yielding to the tasks that make them)."""
+    while len(slots._waiting) < n:
+        await asyncio.sleep(0)
+
+
 async def test_requests_that_fit_are_served_at_once_and_others_wait_in_order():
     slots = EpisodeSlots(10)
     first, second = await slots.take(5), await slots.take(5)  # two groups of 4 with their parents
     assert slots.free == 0
     big = asyncio.create_task(slots.take(8))
     small = asyncio.create_task(slots.take(1))
-    await asyncio.sleep(0)
+    await queued(slots, 2)
     assert not big.done() and not small.done()
     first.release(1)  # a parent closed: 1 free, but the big request came first
-    await asyncio.sleep(0)
-    assert not small.done() and slots.free == 1
+    assert len(slots._waiting) == 2 and slots.free == 1  # nothing granted: `release` wakes in order
     first.close()
     second.close()
     held_big, held_small = await big, await small
@@ -46,7 +51,7 @@ async def test_a_cancelled_waiter_leaves_the_queue_and_lets_the_next_one_in():
     held = await slots.take(3)
     blocked = asyncio.create_task(slots.take(4))
     behind = asyncio.create_task(slots.take(1))
-    await asyncio.sleep(0)
+    await queued(slots, 2)
     assert not behind.done()
     blocked.cancel()
     with pytest.raises(asyncio.CancelledError):
