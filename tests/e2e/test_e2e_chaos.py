@@ -30,7 +30,7 @@ CONFIG = {
     "schedule": {
         "group_size": 2,
         "groups_per_step": 2,
-        "max_steps": 14,
+        "max_steps": 40,
         "publish_every": 1,
         "max_staleness": 1,
     },
@@ -195,6 +195,7 @@ async def test_every_service_killed_and_every_server_restarted_mid_run_loses_not
             await chaos.outage("nats", lambda: not_ready(http, stack, "grader"))
             await chaos.outage("seaweedfs", lambda: not_ready(http, stack, "grader"))
             await chaos.outage("redis", lambda: not_ready(http, stack, "rollout"))
+            await chaos.until("a group in flight before the Redis flush", in_flight)
             before = await chaos.graded()
             redis = aioredis.from_url(stack.settings_env["CRUCIBLE_REDIS_URL"])
             try:
