@@ -158,6 +158,11 @@ class Sandbox:
             "LANG": "C.UTF-8",
             "TERM": "dumb",
             "PYTHONDONTWRITEBYTECODE": "1",
+            # The Python inside is the service's own: its pytest plugins are not the task's, and one of
+            # them (pytest-asyncio) warns on every run, which used most of an agent's observation budget
+            # (or stops a repository's `filterwarnings = error` run). A task that needs a plugin names it
+            # in its test command (-p NAME); the catalog verifies the same way.
+            "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1",
             "GIT_CONFIG_NOSYSTEM": "1",
             **extra,
         }

@@ -117,10 +117,6 @@ async def run_tests(session: Session, args: RunTestsArgs) -> ToolResult:
             argv,
             timeout_s=timeout,
             binds=[Bind(source=report_dir, dest=REPORT_DIR, writable=True)],
-            # The task's tests, not the plugins the sandbox's Python happens to have (pytest-asyncio
-            # under a repository's `filterwarnings = error` stops the run); a task that needs one
-            # names it in its test command (-p NAME). The catalog verifies the same way.
-            env={"PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
         )
         written = report_dir / REPORT
         if written.is_file() and not written.is_symlink() and written.stat().st_size <= REPORT_CAP_BYTES:

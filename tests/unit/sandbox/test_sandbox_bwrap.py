@@ -84,6 +84,17 @@ async def test_network_is_unreachable_inside(sandbox, tmp_path):
     assert "connected" not in result.output and "ConnectionRefusedError" in result.output
 
 
+async def test_pytest_inside_loads_none_of_the_services_plugins(sandbox, tmp_path):
+    """The Python inside is the service's; its plugins (pytest-asyncio warns on every run without a
+    config) would fill the agent's observation with text about Crucible's environment, not the task."""
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "test_one.py").write_text("def test_one():\n    assert 1 + 1 == 2\n")
+    result = await run_in(sandbox, tmp_path / "ws", "python -m pytest -q -p no:cacheprovider")
+    assert result.ok, result.output
+    assert "1 passed" in result.output
+    assert "warning" not in result.output.lower() and "asyncio" not in result.output, result.output
+
+
 async def test_host_environment_and_files_are_not_visible(sandbox, tmp_path, monkeypatch):
     monkeypatch.setenv("CRUCIBLE_SANDBOX_SECRET", "s3cr3t-value")
     host_dir = tmp_path / "host-only"
