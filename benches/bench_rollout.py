@@ -4,7 +4,9 @@ package), measured in one run on the same weights:
 - episodes: B real episodes of the builtin agent (the chat template, every action token sampled at
   temperature 1 under the tool-call grammar, tool calls in real sandboxes of the sandbox service, their
   results prefilled as observations), T generated pybugs tasks x G episodes each, all admitted together
-  as the rollout admits a step's groups, on the rollout's PolicyEngine;
+  as the rollout admits a step's groups, on the rollout's PolicyEngine; with --waves W, W x T x G
+  episodes through T x G slots, each finished episode's slot taken by the next (a run's steady state:
+  the rollout admits the next groups as slots free);
 - raw: the same engine's batcher with nothing of an episode around it: B sequences, each one of the
   episodes' own prompts, decoding as many tokens as the episodes sampled on average, sampled from the
   plain softmax (no grammar), all at once.
@@ -17,6 +19,7 @@ sequences all waiting on tools, or the event loop). Starts its own nats-server, 
 an in-process sandbox service (as root: bubblewrap, overlays and cgroups, as in production).
 
     python -m benches.bench_rollout --json              # --tasks 4 --group 4 --reps 2 --threads 2
+    python -m benches.bench_rollout --tasks 8 --group 4 --waves 3 --json    # steady state, 32 slots
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import resource
 import shutil
 import statistics
 import tempfile
@@ -66,19 +70,23 @@ async def episodes(
     client: SandboxClient,
     tasks: list[TaskSpec],
     group: int,
+    waves: int,
     rep: int,
 ) -> tuple[float, list[Trajectory], dict[str, float]]:
-    """Seconds for every episode of every task's group, decoded together; the trajectories; what the
-    engine's batcher counted meanwhile."""
+    """Seconds for `waves` x every task's group of episodes, with at most one wave's episodes in flight
+    (a finished episode's slot goes to the next, as the rollout's slots do in a run); the trajectories;
+    what the engine's batcher counted meanwhile."""
     sessions: list[tuple[TaskSpec, SandboxSession]] = []
-    for task in tasks:
-        async with await client.create(
-            run_id="bench", task_id=task.task_id, snapshot=task.snapshot, ttl_s=600
-        ) as prepared:
-            sessions.extend((task, s) for s in await prepared.fork(group, ttl_s=600))
+    for _ in range(waves):
+        for task in tasks:
+            async with await client.create(
+                run_id="bench", task_id=task.task_id, snapshot=task.snapshot, ttl_s=900
+            ) as prepared:
+                sessions.extend((task, s) for s in await prepared.fork(group, ttl_s=900))
+    slots = asyncio.Semaphore(len(tasks) * group)
 
     async def one(i: int, task: TaskSpec, session: SandboxSession) -> Trajectory:
-        async with session:
+        async with slots, session:
             return await run_episode(
                 engine=engine, config=config, task=task, session=session, run_id="bench",
                 group_id=task.task_id, seed=1000 * rep + i, replica="bench", tool_timeout_s=10.0,
@@ -123,7 +131,9 @@ async def main(args: argparse.Namespace) -> dict:
     configure_logging(service="bench", replica="bench", level="WARNING")
     torch.set_num_threads(args.threads)
     config = RunConfig.model_validate({"model": {"source": SOURCE}, "agent": AGENT})
-    engine = PolicyEngine(config=config, max_context=MAX_CONTEXT, max_sequences=args.tasks * args.group)
+    # room to grow past the slots' bound, as the rollout's engine has (max_sequences): the bench reports
+    # whether it did (`cache_slots`)
+    engine = PolicyEngine(config=config, max_context=MAX_CONTEXT, max_sequences=2 * args.tasks * args.group)
     from crucible.model.hf import load_pretrained
     from crucible.model.sources import package_file
 
@@ -162,11 +172,12 @@ async def main(args: argparse.Namespace) -> dict:
             try:
                 for rep in range(args.reps):  # alternating, so that drift hits both
                     seconds, trajectories, stats = await episodes(
-                        engine, config, client, tasks, args.group, rep
+                        engine, config, client, tasks, args.group, args.waves, rep
                     )
                     sampled = [sum(unpack("u8", t.loss_mask)) for t in trajectories]
                     prompts = [unpack("u32", t.tokens)[: t.token_usage.system + t.token_usage.task]
                                for t in trajectories if t.token_usage is not None]  # fmt: skip
+                    prompts = prompts[: args.tasks * args.group]  # the raw decode runs one batch
                     new = max(1, round(statistics.mean(sampled)))
                     results["episodes"].append({
                         "seconds": seconds, "sampled": sum(sampled), "tokens_per_s": sum(sampled) / seconds,
@@ -186,6 +197,7 @@ async def main(args: argparse.Namespace) -> dict:
             finally:
                 await bus.close()
     finally:
+        cache_slots = engine.batcher.cache_slots
         engine.close()
         for server in reversed(servers):
             server.stop()
@@ -198,10 +210,13 @@ async def main(args: argparse.Namespace) -> dict:
         "batch": args.tasks * args.group,
         "tasks": args.tasks,
         "group": args.group,
+        "waves": args.waves,
         "threads": args.threads,
         "episodes_tokens_per_s": round(ep, 2),
         "raw_tokens_per_s": round(rw, 2),
         "episodes_over_raw": round(ep / rw, 3),
+        "cache_slots": cache_slots,
+        "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "reps": results,
     }
 
@@ -210,6 +225,12 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=4, help="tasks (T), one group each")
     parser.add_argument("--group", type=int, default=4, help="episodes per task (G)")
+    parser.add_argument(
+        "--waves",
+        type=int,
+        default=1,
+        help="episodes per rep: this many x T x G, at most T x G in flight (1: one wave, all at once)",
+    )
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--json", action="store_true")

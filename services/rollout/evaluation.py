@@ -65,7 +65,7 @@ async def run_evaluation(rt: Runtime[Settings], slots: EpisodeSlots, request: Ev
     engine = PolicyEngine(
         config=config,
         max_context=rt.settings.max_context,
-        max_sequences=rt.settings.max_sequences,
+        max_sequences=rt.settings.max_episodes,
         prefill_chunk=rt.settings.prefill_chunk,
     )
     try:

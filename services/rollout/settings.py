@@ -10,7 +10,9 @@ class Settings(CommonSettings):
     max_episodes: int = Field(default=32, ge=1, le=1024)
     """Episodes this replica runs at once, over its runs and evaluations: each holds a sandbox session
     (keep it within the sandbox replicas' `max_sessions`) and a KV slot. A run admits a group whenever
-    its episodes fit, so a step's groups are admitted together and decode in one batch."""
+    its episodes fit, so a step's groups are admitted together and decode in one batch. It also bounds
+    each engine's KV cache (allocated as needed, doubling): max_episodes x max_context positions, 6 GB
+    for SmolLM2 at 32 x 4096 (fp32)."""
     max_failed_groups: int = Field(default=10, ge=1)
     """Groups of one run that may produce nothing in a row (outages aside) before the run is failed
     with the reason."""
@@ -19,9 +21,6 @@ class Settings(CommonSettings):
     torch_threads: int = Field(default=1, ge=1)
     max_context: int = Field(default=2048, ge=256)
     """Tokens per episode; an episode that reaches it ends with finish_reason="context"."""
-    max_sequences: int = Field(default=64, ge=1, le=1024)
-    """Episodes one run's engine decodes together (KV cache slots, allocated as they are needed); more
-    wait for a slot."""
     prefill_chunk: int = Field(default=256, ge=16)
     """Tokens prefilled per engine step (a chunk of one sequence, or of several as long), so a long
     observation never stalls the others."""

@@ -94,7 +94,7 @@ class RunWorker:
             self.engine = PolicyEngine(
                 config=config,
                 max_context=self.settings.max_context,
-                max_sequences=self.settings.max_sequences,
+                max_sequences=self.settings.max_episodes,
                 prefill_chunk=self.settings.prefill_chunk,
             )
         # keeps the last full version

@@ -140,6 +140,12 @@ class ContinuousBatcher:
         with self._cond:
             return len(self._residents)
 
+    @property
+    def cache_slots(self) -> int:
+        """Slots the KV cache holds now (it grows by doubling, up to `max_slots`)."""
+        with self._cond:
+            return 0 if self._cache is None else self._cache.slots
+
     def swap(self, model: Transformer, version: int) -> None:
         with self._cond:
             self._incoming = (model, version)
