@@ -131,8 +131,8 @@ async def main(args: argparse.Namespace) -> dict:
     configure_logging(service="bench", replica="bench", level="WARNING")
     torch.set_num_threads(args.threads)
     config = RunConfig.model_validate({"model": {"source": SOURCE}, "agent": AGENT})
-    # room to grow past the slots' bound, as the rollout's engine has (max_sequences): the bench reports
-    # whether it did (`cache_slots`)
+    # room to grow past the slots' bound; `cache_slots` says whether it did (a sequence outliving its
+    # episode would)
     engine = PolicyEngine(config=config, max_context=MAX_CONTEXT, max_sequences=2 * args.tasks * args.group)
     from crucible.model.hf import load_pretrained
     from crucible.model.sources import package_file
