@@ -57,12 +57,13 @@ async def test_a_replica_swaps_in_deltas_exactly_and_refuses_a_corrupt_one(commo
     run_id = f"run-{uuid.uuid4().hex[:12]}"
     config = RunConfig.model_validate({})
     weights = versions(config, 3)
-    rollout_settings = common_settings(RolloutSettings, max_context=256)
+    rollout_settings = common_settings(RolloutSettings, max_context=256, max_episodes=3)
     async with (
         running("checkpoints", common_settings(CheckpointsSettings), checkpoints_setup),
         running("rollout", rollout_settings, no_setup) as rt,
     ):
         worker = RunWorker(rt=rt, run_id=run_id, config=config, episodes=None, slots=EpisodeSlots(1))
+        assert worker.engine.batcher.max_slots == 3  # the KV cache never outgrows the replica's episodes
         try:
             publisher = WeightsPublisher(bus=rt.bus, store=rt.store, run_id=run_id)
             for version in (0, 1):
