@@ -276,8 +276,11 @@ class RunWorker:
             )
         if not isinstance(exc, Unavailable):
             self.failed_groups += 1
-            if self.failed_groups >= self.settings.max_failed_groups:
-                reason = f"the rollouts failed {self.failed_groups} groups in a row; the last: {what}: {exc}"
+            limit = self.settings.max_failed_groups
+            if self.failed_groups >= limit:
+                # The limit, not the count: groups in flight together fail together, and whichever of
+                # them ends the run first (the first end stands) may have counted past it.
+                reason = f"the rollouts failed {limit} groups in a row; the last: {what}: {exc}"
                 ended = await end_run(
                     self.rt.bus, run_id=self.run_id, status="failed", step=0, version=self.engine.version,
                     error=reason[:ERROR_CHARS], source=self.settings.replica,
