@@ -191,3 +191,109 @@ def jsonl(instances: list[dict], *, malformed: bool = False) -> str:
     if malformed:
         lines.insert(1, '{"instance_id": "half", "repo": ')
     return "\n".join(lines) + "\n"
+
+
+SHAPES = {
+    "shapes/__init__.py": '"""Rectangle helpers."""\n',
+    "shapes/rect.py": '''"""Rectangles given by width and height."""
+
+
+def area(w, h):
+    return w * h
+
+
+def perimeter(w, h):
+    return 2 * (w + h)
+
+
+def is_square(w, h):
+    return w == h
+''',
+    "tests/test_rect.py": """from shapes.rect import area, is_square, perimeter
+
+
+def test_area():
+    assert area(2, 3) == 6
+
+
+def test_perimeter():
+    assert perimeter(2, 3) == 10
+
+
+def test_is_square():
+    assert is_square(2, 2) and not is_square(2, 3)
+""",
+    "pyproject.toml": (
+        '[project]\nname = "shapes"\nversion = "0.1.0"\n\n[tool.pytest.ini_options]\npythonpath = ["."]\n'
+    ),
+}
+SHAPES_BUGS = {"area": ("w * h", "w + h"), "perimeter": ("2 * (w + h)", "2 * w + h")}
+SHAPES_TESTS = [f"tests/test_rect.py::test_{name}" for name in ("area", "perimeter", "is_square")]
+
+
+def build_smith(root: Path) -> tuple[Path, list[dict], dict[str, tuple[str, str]]]:
+    """A SWE-smith-style set, as SWE-smith's harness leaves one: a bare mirror named
+    `owner__name.<commit>` whose branch `<instance id>` holds each bug in a commit of its own, and
+    instances with no test_patch whose `patch` makes the bug and whose FAIL_TO_PASS are the
+    repository's own tests. The area bug's instance names no base_commit (SWE-smith's published
+    dataset has none: the branch is the tree), the perimeter bug's names its bug commit. Returns the
+    mirrors folder, the instances, and each bug's commit and fix (a diff from it to the clean tree)."""
+    work, clean = _repo(root / "work" / "shapes", SHAPES)
+    repo = f"swesmith/acme__shapes.{clean[:8]}"
+    instances, bugs = [], {}
+    for name, (good, bad) in SHAPES_BUGS.items():
+        instance_id = f"acme__shapes.{clean[:8]}.func_pm_{name}"
+        git(work, "checkout", "-q", "-b", instance_id, "main")
+        path = work / "shapes/rect.py"
+        path.write_text(path.read_text().replace(good, bad))
+        git(work, "commit", "-q", "-am", "Bug Patch")
+        commit = git(work, "rev-parse", "HEAD").strip()
+        instance = {
+            "instance_id": instance_id,
+            "repo": repo,
+            "patch": git(work, "diff", "main", commit),
+            "FAIL_TO_PASS": [f"tests/test_rect.py::test_{name}"],
+            "PASS_TO_PASS": [t for t in SHAPES_TESTS if not t.endswith(f"::test_{name}")],
+            "created_at": "2026-01-01T00:00:00",
+            "image_name": f"swesmith.x86_64.acme__shapes.{clean[:8]}",
+            "problem_statement": f"`{name}` of a 2 x 3 rectangle is wrong.",
+        }
+        if name == "perimeter":
+            instance["base_commit"] = commit
+        instances.append(instance)
+        bugs[name] = (commit, git(work, "diff", commit, "main"))
+        git(work, "checkout", "-q", "main")
+    mirrors = root / "mirrors"
+    mirrors.mkdir(exist_ok=True)
+    subprocess.run(
+        ["git", "clone", "-q", "--bare", str(work), str(mirrors / f"acme__shapes.{clean[:8]}")],
+        capture_output=True, check=True,
+    )  # fmt: skip
+    return mirrors, instances, bugs
+
+
+def dataset_variants(smith: list[dict], bugs: dict[str, tuple[str, str]]) -> list[dict]:
+    """The area bug again as SWE-bench-shaped instances over the same mirror, in the other datasets'
+    spellings: the bug commit as base_commit, the fix as patch and an empty test_patch (the repository's
+    own test catches it), with lists JSON-encoded (SWE-bench's own encoding) or plain (SWE-Gym,
+    SWE-rebench) and their extra fields, and a hints_text that must not reach the policy by default."""
+    area = smith[0]
+    commit, fix = bugs["area"]
+    common = {
+        "repo": area["repo"],
+        "base_commit": commit,
+        "patch": fix,
+        "test_patch": "",
+        "problem_statement": area["problem_statement"],
+        "hints_text": "HINT: look at the operator in area().",
+        "created_at": "2026-01-01T00:00:00Z",
+        "version": "0.1",
+        "environment_setup_commit": commit,
+    }
+    return [
+        {**common, "instance_id": "swebench-encoded", "FAIL_TO_PASS": json.dumps(area["FAIL_TO_PASS"]),
+         "PASS_TO_PASS": json.dumps(area["PASS_TO_PASS"])},
+        {**common, "instance_id": "swerebench-lists", "FAIL_TO_PASS": area["FAIL_TO_PASS"],
+         "PASS_TO_PASS": area["PASS_TO_PASS"], "meta": {"has_test_patch": False, "is_lite": False},
+         "install_config": {"install": "pip install -e .", "test_cmd": "pytest -rA"}},
+    ]  # fmt: skip

@@ -115,9 +115,13 @@ def import_file(
     ] = None,
     timeout: TimeoutOption = 300.0,
     workers: WorkersOption = 2,
+    hints: Annotated[
+        bool, typer.Option("--hints", help="Append each instance's hints_text to its statement.")
+    ] = False,
     as_json: JsonOption = False,
 ) -> None:
-    """Import SWE-bench-format instances; each is verified in the sandbox before it is served."""
+    """Import SWE-bench- or SWE-smith-format instances; each is verified in the sandbox before it is
+    served."""
     from services.catalog.importing import import_swebench
 
     _check(taskset, split)
@@ -126,7 +130,7 @@ def import_file(
         with tempfile.TemporaryDirectory(prefix="crucible-import-") as scratch:
             return await import_swebench(
                 text=file.read_text(encoding="utf-8"), repos=repos, taskset=taskset, split=split,
-                scratch=Path(scratch), workers=workers, timeout_s=timeout, **stack,
+                scratch=Path(scratch), workers=workers, timeout_s=timeout, hints=hints, **stack,
             )  # fmt: skip
 
     _run(work, as_json)

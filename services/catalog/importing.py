@@ -120,13 +120,15 @@ async def import_swebench(
     sandboxes: SandboxClient,
     workers: int = 2,
     timeout_s: float = 300.0,
+    hints: bool = False,
 ) -> ImportReport:
-    """Import a SWE-bench-format JSONL text (see `services.catalog.swebench`)."""
+    """Import a SWE-bench- or SWE-smith-format JSONL text (see `services.catalog.swebench`); `hints`
+    shows each instance's hints_text in its statement."""
     if split is not None:
         check_split(split)
     started = time.monotonic()
     records, rejected, labels = await asyncio.to_thread(
-        candidates, text, repos=repos, taskset=taskset, split=split, scratch=scratch
+        candidates, text, repos=repos, taskset=taskset, split=split, scratch=scratch, hints=hints
     )
     report = ImportReport(taskset=taskset, rejected=rejected)
     report.notes.append("install commands are not run: tests use the sandbox's Python environment")

@@ -1,20 +1,29 @@
 """Import SWE-bench-format instances as a task set, each verified in the sandbox before it is served.
 
-One JSON object per line, in the SWE-bench schema: instance_id, repo, base_commit, problem_statement,
-patch (the gold fix), test_patch, FAIL_TO_PASS and PASS_TO_PASS (lists of pytest node ids, or those
-lists JSON-encoded, as the SWE-bench datasets ship them), and optionally test_command (`python -m
-pytest ...`, a list or a string; by default pytest on the files of the listed tests). Install commands
-are not run: the sandbox has no network, so the tests run with the sandbox's own Python environment.
+One JSON object per line. Two shapes of instance are read, told apart by whether `test_patch` is there:
+- SWE-bench's (SWE-bench, Verified, SWE-Gym, SWE-rebench, nebius' SWE-bench-extra): instance_id, repo,
+  base_commit (the buggy tree), problem_statement, patch (the gold fix), test_patch (may be empty: the
+  repository's own tests already catch the bug), FAIL_TO_PASS and PASS_TO_PASS.
+- SWE-smith's (no test_patch): `patch` is the diff that made the bug, the gold fix is its reverse, and
+  the buggy tree is base_commit (the bug's commit) or, where the instance has none, the mirror's branch
+  named after the instance, as SWE-smith's own harness checks it out.
+FAIL_TO_PASS and PASS_TO_PASS are lists of pytest node ids, or those lists JSON-encoded (SWE-bench's
+own encoding). Optional: test_command (`python -m pytest ...`, a list or a string; by default pytest on
+the files of the listed tests) and hints_text, which reaches the statement only when the import asks for
+it (`hints=True`). Other fields (version, created_at, image_name, install_config, meta, ...) are not
+used. Install commands are not run: the sandbox has no network, so the tests run with the sandbox's own
+Python environment.
 
 Each repository comes from a local mirror under `--repos`: `owner__name`, `owner/name` or `name`, as a
 git directory (bare or with a work tree) or a tarball of one (`.tar`, `.tar.gz`, `.tgz`). The task's
-snapshot is the tree at base_commit; its hidden tests are the files test_patch leaves behind, laid over
-the snapshot before grading, as SWE-bench's harness applies the test patch. Splits are by repository
-(`services.catalog.splits`), unless one split is asked for.
+snapshot is the buggy tree; its hidden tests are the files test_patch leaves behind and the files of
+the listed tests, laid over the workspace before grading (as SWE-bench's harness applies the test patch),
+so a change to them never counts. Splits are by repository (`services.catalog.splits`), unless one split
+is asked for.
 
 Every bad instance is reported with its reason and the rest go on: a line that is not an instance, a
-missing mirror, a base_commit the mirror lacks, a test patch that does not apply, a listed test that
-does not exist (it does not run), a test run that hangs (the sandbox's timeout).
+missing mirror, a base_commit or branch the mirror lacks, a patch that does not apply, a listed test
+that does not exist (it does not run), a test run that hangs (the sandbox's timeout).
 """
 
 from __future__ import annotations
@@ -46,12 +55,14 @@ TARBALL_SUFFIXES = (".tar.gz", ".tgz", ".tar")
 class Instance(msgspec.Struct, kw_only=True):
     instance_id: str
     repo: str
-    base_commit: str
     problem_statement: str
     patch: str
-    test_patch: str
     FAIL_TO_PASS: list[str] | str
-    PASS_TO_PASS: list[str] | str = msgspec.field(default_factory=list)
+    PASS_TO_PASS: list[str] | str | None = None
+    base_commit: str | None = None
+    test_patch: str | None = None
+    """None (no such field): a SWE-smith instance, whose `patch` made the bug."""
+    hints_text: str | None = None
     test_command: list[str] | str | None = None
 
 
@@ -88,7 +99,9 @@ def read_instances(text: str) -> list[Parsed]:
     return out
 
 
-def test_ids(value: list[str] | str, field: str) -> list[str]:
+def test_ids(value: list[str] | str | None, field: str) -> list[str]:
+    if value is None:
+        return []
     if isinstance(value, str):
         try:
             value = json.loads(value) if value.strip() else []
@@ -137,6 +150,16 @@ def git(mirror: Path, *args: str, stdin: bytes | None = None) -> bytes:
     return proc.stdout
 
 
+def branch_commit(mirror: Path, branch: str) -> str:
+    """The commit of `branch` in the mirror: a local branch, or one of a clone's `origin`."""
+    for ref in (f"refs/heads/{branch}", f"refs/remotes/origin/{branch}"):
+        try:
+            return git(mirror, "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").decode().strip()
+        except Rejected:
+            continue
+    raise Rejected(f"no base_commit, and the mirror has no branch {branch!r} (SWE-smith's bug branch)")
+
+
 def tree_at(mirror: Path, commit: str) -> dict[str, bytes]:
     if not re.fullmatch(r"[0-9a-fA-F]{4,64}", commit):
         raise Rejected(f"base_commit {commit!r} is not a commit hash")
@@ -154,22 +177,59 @@ def tree_at(mirror: Path, commit: str) -> dict[str, bytes]:
     return files
 
 
-def hidden_files(snapshot: dict[str, bytes], test_patch: str) -> dict[str, bytes]:
-    """The files the test patch leaves behind, after applying it to the snapshot."""
+def parse_patch(patch: str, field: str) -> PatchSet:
     try:
-        touched = PatchSet(test_patch)
+        return PatchSet(patch)
     except Exception as exc:  # unidiff raises several types
-        raise Rejected(f"test_patch does not parse: {exc}") from None
-    if any(f.is_removed_file for f in touched):
+        raise Rejected(f"{field} does not parse: {exc}") from None
+
+
+def hidden_files(snapshot: dict[str, bytes], test_patch: str, tests: list[str]) -> dict[str, bytes]:
+    """The files the test patch leaves behind after applying it to the snapshot (an empty one leaves
+    the snapshot as it is), and the files of the listed tests as they then stand."""
+    files = parse_patch(test_patch, "test_patch")
+    if test_patch.strip() and not files:
+        raise Rejected("test_patch holds no file diff")
+    if any(f.is_removed_file for f in files):
         raise Rejected("test_patch deletes files; hidden tests can only add or change files")
+    paths = [f.path for f in files] + sorted({t.split("::", 1)[0] for t in tests})
     with tempfile.TemporaryDirectory(prefix="crucible-import-") as tmp:
         root = Path(tmp) / "repo"
         write_files(root=root, files=snapshot)
+        if files:
+            try:
+                apply_patch(repo=root, patch=test_patch, what="test_patch")
+            except TestRunError as exc:
+                raise Rejected(str(exc)) from None
+        return {path: (root / path).read_bytes() for path in paths if (root / path).is_file()}
+
+
+def reverse(tree: dict[str, bytes], patch: str) -> str:
+    """The diff that undoes `patch` on `tree`, where it is applied: a SWE-smith instance's gold fix."""
+    files = parse_patch(patch, "patch")
+    if not files:
+        raise Rejected("patch holds no file diff")
+    paths = {
+        name.removeprefix("a/").removeprefix("b/")
+        for f in files
+        for name in (f.source_file, f.target_file)
+        if name != "/dev/null"
+    }
+    with tempfile.TemporaryDirectory(prefix="crucible-import-") as tmp:
+        root = Path(tmp) / "repo"
+        root.mkdir()
+        write_files(root=root, files={path: tree[path] for path in paths if path in tree})
+        git(root, "init", "-q")
+        git(root, "add", "-A")
         try:
-            apply_patch(repo=root, patch=test_patch, what="test_patch")
+            apply_patch(repo=root, patch=patch, what="patch", reverse=True)
         except TestRunError as exc:
-            raise Rejected(str(exc)) from None
-        return {f.path: (root / f.path).read_bytes() for f in touched}
+            raise Rejected(f"{exc} in reverse: it did not make this tree") from None
+        git(root, "add", "-A", "--intent-to-add")
+        fix = git(root, "diff", "--no-color", "--no-ext-diff", "--src-prefix=a/", "--dst-prefix=b/")
+    if not fix.strip():
+        raise Rejected("patch changes nothing")
+    return fix.decode()
 
 
 def difficulty_of(patch: str) -> int:
@@ -181,7 +241,9 @@ def task_id_of(taskset: str, instance_id: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", f"{taskset}-{instance_id}")[:200]
 
 
-def candidate(instance: Instance, *, taskset: str, split: str, mirror: Path) -> TaskRecord:
+def candidate(
+    instance: Instance, *, taskset: str, split: str, mirror: Path, hints: bool = False
+) -> TaskRecord:
     """A TaskRecord for the instance, not yet verified (Rejected says why it cannot be one)."""
     if not instance.problem_statement.strip():
         raise Rejected("problem_statement is empty")
@@ -201,28 +263,38 @@ def candidate(instance: Instance, *, taskset: str, split: str, mirror: Path) -> 
         pytest_report.split_command(command)
     except ValueError as exc:
         raise Rejected(str(exc)) from None
-    snapshot = tree_at(mirror, instance.base_commit)
-    hidden = hidden_files(snapshot, instance.test_patch)
+    if instance.test_patch is None:  # SWE-smith: the tree holds the bug, `patch` made it
+        snapshot = tree_at(mirror, instance.base_commit or branch_commit(mirror, instance.instance_id))
+        fix, test_patch = reverse(snapshot, instance.patch), ""
+    elif instance.base_commit is None:
+        raise Rejected("base_commit is missing")
+    else:
+        snapshot = tree_at(mirror, instance.base_commit)
+        fix, test_patch = instance.patch, instance.test_patch
+    hidden = hidden_files(snapshot, test_patch, fail_to_pass + pass_to_pass)
+    statement = instance.problem_statement
+    if hints and (instance.hints_text or "").strip():
+        statement = f"{statement.rstrip()}\n\nHints:\n{instance.hints_text}"
     return TaskRecord(
         task_id=task_id_of(taskset, instance.instance_id),
         taskset=taskset,
         split=split,
-        source="swebench",
+        source="swebench" if instance.test_patch is not None else "swesmith",
         repo=instance.repo,
-        difficulty=difficulty_of(instance.patch),
+        difficulty=difficulty_of(fix),
         family=instance.repo.rpartition("/")[2][:100],
-        statement=instance.problem_statement,
+        statement=statement,
         snapshot=tarball(snapshot),
         hidden=tarball(hidden),
         test_command=tuple(command),
-        reference_patch=instance.patch,
+        reference_patch=fix,
         fail_to_pass=tuple(fail_to_pass),
         pass_to_pass=tuple(pass_to_pass),
     )
 
 
 def candidates(
-    text: str, *, repos: Path, taskset: str, split: str | None, scratch: Path
+    text: str, *, repos: Path, taskset: str, split: str | None, scratch: Path, hints: bool = False
 ) -> tuple[list[TaskRecord], dict[str, str], dict[str, str]]:
     """Every instance of a JSONL text as a candidate, or the reason it is not one (by instance id), and
     each candidate's instance id (by task id)."""
@@ -241,7 +313,11 @@ def candidates(
                     mirror = unpack_mirror(mirror, scratch / f"mirror-{len(mirrors)}")
                 mirrors[instance.repo] = mirror
             record = candidate(
-                instance, taskset=taskset, split=split or splits[instance.repo], mirror=mirrors[instance.repo]
+                instance,
+                taskset=taskset,
+                split=split or splits[instance.repo],
+                mirror=mirrors[instance.repo],
+                hints=hints,
             )
         except Rejected as exc:
             rejected[instance.instance_id] = str(exc)

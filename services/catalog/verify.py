@@ -111,12 +111,14 @@ def run_tests(
     return {test.nodeid: test.outcome for test in tests}
 
 
-def apply_patch(*, repo: Path, patch: str, timeout: float = 30, what: str = "reference patch") -> None:
-    """`git apply` the patch in `repo`; the ceiling keeps git from treating a parent folder as the
-    repository."""
+def apply_patch(
+    *, repo: Path, patch: str, timeout: float = 30, what: str = "reference patch", reverse: bool = False
+) -> None:
+    """`git apply` the patch in `repo` (undo it: `reverse`); the ceiling keeps git from treating a
+    parent folder as the repository."""
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(repo.parent)}
     proc = subprocess.run(
-        ["git", "apply", "--whitespace=nowarn", "-"],
+        ["git", "apply", "--whitespace=nowarn", *(["--reverse"] if reverse else []), "-"],
         cwd=repo,
         env=env,
         input=patch,

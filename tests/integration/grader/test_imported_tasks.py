@@ -16,6 +16,8 @@ from test_grader import graded_messages, queue_drained, trajectory, wait_for
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts import endpoints, messages, subjects
 from crucible.contracts.messages import ListRequest, SampleRequest, TaskRequest
+from crucible.db import make_engine, make_sessionmaker
+from services.catalog.importing import import_swebench
 from services.catalog.sandboxed import listed_outcomes
 from services.grader.reward import compute_reward
 
@@ -59,6 +61,48 @@ async def test_imported_tasks_grade_like_generated_ones(imported, bus, grader):
     graded = {g.trajectory.trajectory_id: g.reward for g in await graded_messages(bus, run_id)}
     assert graded[fixed.trajectory_id].resolved and graded[fixed.trajectory_id].total == 1.0
     assert graded[idle.trajectory_id].total == 0.0
+
+
+async def test_swe_smith_sets_and_empty_test_patches_import_verify_and_grade(
+    tmp_path, bus, store, catalog, sandbox, grader
+):
+    """A SWE-smith-style set (bugs on branches, the repository's own tests catch them, no test_patch)
+    and the same bug as SWE-bench-shaped instances with an empty test_patch, lists encoded either way;
+    the verification throws out a bug the listed test does not catch. Each imported task's reference
+    scores 1 through the grader and an unchanged repository 0."""
+    mirrors, smith, bugs = swebench_repos.build_smith(tmp_path)
+    harmless = {
+        **smith[0], "instance_id": "harmless", "base_commit": bugs["area"][0],
+        "FAIL_TO_PASS": ["tests/test_rect.py::test_is_square"], "PASS_TO_PASS": [],
+    }  # fmt: skip
+    instances = [*smith, *swebench_repos.dataset_variants(smith, bugs), harmless]
+    engine = make_engine(catalog.settings.database_url)
+    try:
+        report = await import_swebench(
+            text=swebench_repos.jsonl(instances), repos=mirrors, taskset="smith", split="train",
+            scratch=tmp_path / "scratch", store=store, sessionmaker=make_sessionmaker(engine),
+            sandboxes=SandboxClient(bus), timeout_s=30,
+        )  # fmt: skip
+    finally:
+        await engine.dispose()
+    assert report.verified == 4, report.rejected
+    assert report.rejected == {
+        "harmless": "FAIL_TO_PASS test passes on the snapshot: tests/test_rect.py::test_is_square"
+    }
+    listed = await bus.request(endpoints.CATALOG_LIST, ListRequest(taskset="smith", split="train"))
+    assert len(listed.tasks) == 4 and all("HINT" not in t.statement for t in listed.tasks)
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    expected = {}
+    for spec in listed.tasks:
+        reply = await bus.request(endpoints.CATALOG_SECRET, TaskRequest(task_id=spec.task_id))
+        assert reply.secret is not None
+        for diff, total in ((reply.secret.reference_patch, 1.0), ("", 0.0)):
+            message = trajectory(run_id=run_id, task=reply, diff=diff)
+            expected[message.trajectory_id] = (spec.task_id, total)
+            await bus.publish(subjects.rollouts(run_id), message)
+    await wait_for(lambda: queue_drained(bus, run_id), timeout_s=120, what="the grader")
+    graded = {g.trajectory.trajectory_id: g.reward.total for g in await graded_messages(bus, run_id)}
+    assert {key: (task, graded[key]) for key, (task, _) in expected.items()} == expected
 
 
 async def unchanged_repository_scores_zero_on_every_task_under_every_option(bus) -> None:
