@@ -113,7 +113,7 @@ def lasting_processes(settings: Settings, *, within_s: float = 5.0) -> dict[int,
     """`service_processes` that are still there after up to `within_s` of polling, with their command
     lines and cgroups: what a leak looks like. A process of a sandbox beside this one (another pytest
     worker's, between its start and joining its cgroup or leaving the host's mount table) can match
-    for an instant; a leaked daemon stays (seen once in CI, unexplained: pid 18254)."""
+    for an instant (seen once in CI, its cause unproven); a leaked daemon stays."""
     deadline = time.monotonic() + within_s
     while (found := service_processes(settings)) and time.monotonic() < deadline:
         time.sleep(0.05)
