@@ -18,10 +18,10 @@ import re
 from crucible.clients.sandbox import SandboxSession
 from crucible.contracts.messages import Trajectory
 from crucible.contracts.trajectories import arrays
+from crucible.lint import RUFF_CHECK
 from services.grader.anticheat import BadDiff, added_test_modules, diff_path, parse_diff, touched_paths
 
-LINT_COMMAND = ("python", "-m", "ruff", "check", "--no-cache", "--isolated", "--exit-zero", "--statistics",
-                "--select", "E,F,W", "--")  # fmt: skip
+LINT_COMMAND = (*RUFF_CHECK, "--exit-zero", "--statistics", "--")
 LINT_TIMEOUT_S = 60.0
 _STATISTIC = re.compile(r"^(\d+)\t", re.MULTILINE)
 _TEST_DEF = re.compile(r"^\s*(?:async\s+)?def test_")

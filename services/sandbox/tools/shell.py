@@ -1,6 +1,7 @@
 """Commands in the session's sandbox: run_terminal_cmd (foreground with a timeout and an output cap
-keeping head and tail, or in the background), background_job (its output so far, or kill it), and
-run_tests (pytest node ids in, one structured result per test out)."""
+keeping head and tail, or in the background), background_job (its output so far, or kill it),
+run_tests (pytest node ids in, one structured result per test out) and read_lints (ruff's findings in
+the files named or changed)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from pathlib import Path
 from typing import Annotated
 
 import msgspec
+from unidiff import PatchSet
 
 from crucible import pytest_report
+from crucible.lint import RUFF_CHECK
 from crucible.contracts.messages import TestResult
 from crucible.contracts.sandbox import ToolResult
 from services.sandbox.isolation.bwrap import PLUGIN_DIR, Bind
@@ -143,4 +146,33 @@ async def run_tests(session: Session, args: RunTestsArgs) -> ToolResult:
         result.output = (
             f"{passed} passed, {len(failed)} failed or errored, {len(result.tests)} in all\n{result.output}"
         )
+    return result
+
+
+class ReadLintsArgs(Args):
+    paths: list[str] = msgspec.field(default_factory=list)
+    """Python files or folders of the repository; none: the Python files the session changed."""
+
+
+@tool(
+    name="read_lints",
+    args=ReadLintsArgs,
+    aliases=("lint", "lints"),
+    arg_aliases={"files": "paths", "file_paths": "paths", "target_files": "paths"},
+    description="Linter findings (ruff: errors, undefined names, unused imports, style warnings) in the "
+    "given Python files or folders, one per line as path:line:column: code message; no paths: the "
+    "Python files you changed.",
+)
+async def read_lints(session: Session, args: ReadLintsArgs) -> ToolResult:
+    for path in args.paths:
+        if not isinstance(path, str) or not path or "\x00" in path or path.startswith("-"):
+            raise ToolFailure(f"not a usable path: {path!r}")
+    paths = args.paths or [
+        f.path for f in PatchSet(await session.diff()) if f.path.endswith(".py") and not f.is_removed_file
+    ]
+    if not paths:
+        return ToolResult(ok=True, output="no changed Python file to lint")
+    argv = [*RUFF_CHECK, "--output-format=concise", "--exit-zero", "--", *paths]
+    result = await session.sandboxed(argv, timeout_s=session.settings.run_timeout_s)
+    result.ok = result.ok and result.exit_code == 0
     return result

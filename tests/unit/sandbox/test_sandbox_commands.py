@@ -1,5 +1,5 @@
-"""Commands in a real session: run_terminal_cmd (timeout, background jobs) and run_tests (per-test
-results read from pytest itself, never from the console)."""
+"""Commands in a real session: run_terminal_cmd (timeout, background jobs), run_tests (per-test
+results read from pytest itself, never from the console) and read_lints."""
 
 from __future__ import annotations
 
@@ -145,6 +145,23 @@ async def test_run_tests_reports_each_test(new_session):
     one = await call_tool(session, "pytest", {"tests": ["tests/test_ops.py::test_add"]})
     assert one.ok and one.error is None, one
     assert [(t.nodeid, t.outcome) for t in one.tests or []] == [("tests/test_ops.py::test_add", "passed")]
+
+
+async def test_read_lints_names_what_ruff_finds_in_the_named_or_changed_files(new_session):
+    session = await new_session(REPO)
+    assert (await call_tool(session, "read_lints", {})).output == "no changed Python file to lint"
+    clean = await call_tool(session, "read_lints", {"paths": ["calc/ops.py"]})
+    assert clean.ok and "All checks passed" in clean.output, clean
+    edit = {"path": "calc/ops.py", "old": "    return a - b\n", "new": "    import os\n    return a - c\n"}
+    assert (await call_tool(session, "replace", edit)).ok
+    for arguments in ({}, {"files": ["calc/ops.py"]}, {"paths": ["calc"]}):
+        found = await call_tool(session, "lint", arguments)
+        assert found.ok, found
+        assert "calc/ops.py:2:12: F401 [*] `os` imported but unused" in found.output, found.output
+        assert "calc/ops.py:3:16: F821 Undefined name `c`" in found.output, found.output
+    refused = await call_tool(session, "read_lints", {"paths": ["--fix"]})
+    assert not refused.ok and "not a usable path" in (refused.error or "")
+    assert "import os" in (await call_tool(session, "read_file", {"path": "calc/ops.py"})).output  # not fixed
 
 
 async def test_run_tests_believes_pytest_not_the_console(new_session):
