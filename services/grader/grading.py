@@ -30,7 +30,7 @@ from crucible.contracts.trajectories import arrays
 from crucible.runs import run_config
 from services.grader.anticheat import BadDiff, protected_paths, touched_paths
 from services.grader.metrics import TAMPERED
-from services.grader.quality import change_measures, lint_findings, lint_paths
+from services.grader.quality import change_measures, lint_findings, lint_paths, repetition
 from services.grader.reward import compute_reward, zero_reward
 from services.grader.settings import Settings
 from services.grader.tamper import Finding, added_findings
@@ -146,7 +146,7 @@ async def run_hidden_tests(
     config: RunConfig,
     settings: Settings,
 ) -> Reward:
-    measure = bool(trajectory.eval_id)  # quality measures: for evaluations only
+    measure = bool(trajectory.eval_id) or config.reward.quality is not None  # quality measures
     lint_before, lint_after = lint_paths(trajectory.final_diff) if measure else ([], [])
     findings_before = await lint_findings(session, lint_before) if measure else None
     scanned = scanned_paths(trajectory.final_diff) if settings.tamper_scan else []
@@ -165,6 +165,7 @@ async def run_hidden_tests(
             note=f"tamper scan: {finding.rule} at {path}:{finding.line} ({finding.detail}){more}"[:NOTE_CHARS]
         )
     findings_after = await lint_findings(session, lint_after) if measure else None
+    repeated = await repetition(session, trajectory.final_diff) if measure else None
     overlay = await session.overlay(secret.hidden_tests)
     if not overlay.ok:
         raise GradingInfraError(f"hidden tests of {secret.task_id} do not unpack: {overlay.error}")
@@ -179,7 +180,14 @@ async def run_hidden_tests(
         return zero_reward(
             note=f"no test results ({run.error or 'no tests ran'}): {run.output[-300:]}"[:NOTE_CHARS]
         )
-    reward = compute_reward(
+    quality = None
+    if measure:
+        quality = change_measures(trajectory=trajectory, reference_patch=secret.reference_patch)
+        if findings_before is not None and findings_after is not None:
+            quality["lint_introduced"] = float(findings_after - findings_before)
+        if repeated is not None:
+            quality["repetition"] = repeated
+    return compute_reward(
         tests=probes.judge(run.tests, secret.probes),
         fail_to_pass=secret.fail_to_pass,
         pass_to_pass=secret.pass_to_pass,
@@ -188,9 +196,5 @@ async def run_hidden_tests(
         sampled_tokens=arrays(trajectory).num_sampled,
         token_budget=config.agent.max_turns * config.agent.max_action_tokens,
         options=config.reward,
+        quality=quality,
     )
-    if measure and reward.resolved:
-        reward.quality = change_measures(trajectory=trajectory, reference_patch=secret.reference_patch)
-        if findings_before is not None and findings_after is not None:
-            reward.quality["lint_introduced"] = float(findings_after - findings_before)
-    return reward

@@ -314,6 +314,27 @@ class ParallelSection(Section):
         return self
 
 
+class QualitySection(Section):
+    """Weights of the quality terms (services.grader.quality) in the reward of a resolved change, so a run
+    trains for the codebase's practice, not only for passing tests. Each measure is scaled to [0, 1];
+    a change that did not resolve its task gets none of them."""
+
+    lint: float = Field(default=0.1, ge=0, le=10)
+    """Subtracted times the ruff findings (E, F, W) the change introduces, over 5 (at most 1)."""
+    size: float = Field(default=0.1, ge=0, le=10)
+    """Subtracted times how far the change's changed lines exceed the reference patch's, as a fraction
+    of them (twice the reference's lines or more: 1)."""
+    outside: float = Field(default=0.1, ge=0, le=10)
+    """Subtracted times the files the change touches that the reference patch does not, over 3 (at most
+    1); new test modules do not count."""
+    repetition: float = Field(default=0.1, ge=0, le=10)
+    """Subtracted times the share of the lines the change adds that repeat, in shape (names, numbers and
+    strings aside), three or more lines the repository already has elsewhere: a helper re-implemented
+    instead of called."""
+    tests: float = Field(default=0.0, ge=0, le=10)
+    """Added when the change adds a test function (in a new test module)."""
+
+
 class RewardSection(Section):
     """How a graded trajectory is scored (services.grader.reward). Whatever the options, a trajectory
     that leaves the repository unchanged scores exactly 0: doing nothing never pays."""
@@ -332,6 +353,9 @@ class RewardSection(Section):
     shaping: float = Field(default=0.0, ge=0, le=10)
     """Added times the fraction of tool calls (submit aside) that succeeded; off by default, and paid
     only for a change, never for exploring without one."""
+    quality: QualitySection | None = None
+    """Quality terms of a resolved change (lint, size, files outside the reference, repetition, tests);
+    None: off."""
 
 
 class SftSection(Section):

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Annotated
 
 import msgspec
-from unidiff import PatchSet
+from unidiff.patch import PatchSet
 
 from crucible import pytest_report
-from crucible.lint import RUFF_CHECK
 from crucible.contracts.messages import TestResult
 from crucible.contracts.sandbox import ToolResult
+from crucible.lint import RUFF_CHECK
 from services.sandbox.isolation.bwrap import PLUGIN_DIR, Bind
 from services.sandbox.session import Session
 from services.sandbox.tools.registry import Args, ToolFailure, tool

@@ -28,6 +28,7 @@ from crucible.db.migrate import upgrade_async
 from services.catalog.app import setup as catalog_setup
 from services.catalog.settings import Settings as CatalogSettings
 from services.grader.app import setup as grader_setup
+from services.grader.reward import quality_term
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -189,6 +190,41 @@ async def test_the_runs_reward_options_are_read_from_its_config(bus, grader):
     [graded] = await graded_messages(bus, run_id)
     # base 1 + shaping 0.5 x 1/2 - tool errors 0.2 x 1/2
     assert graded.reward.total == pytest.approx(1.15)
+
+
+UNUSED_IMPORT_MODULE = """\
+diff --git a/extra_helpers.py b/extra_helpers.py
+new file mode 100644
+--- /dev/null
++++ b/extra_helpers.py
+@@ -0,0 +1 @@
++import os
+"""
+
+
+async def test_a_run_with_quality_terms_pays_a_clean_fix_more_than_a_sloppy_one(bus, grader):
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    weights = {"lint": 0.5, "size": 0.1, "outside": 0.3, "repetition": 0.1}
+    config = RunConfig.model_validate({"reward": {"quality": weights}})
+    await bus.publish(
+        subjects.run_created(run_id), RunCreated(run_id=run_id, name="t", config=config, created_at=0.0),
+        msg_id=run_id,
+    )  # fmt: skip
+    task = await a_task(bus, run_id)
+    assert task.secret is not None
+    clean = trajectory(run_id=run_id, task=task, diff=task.secret.reference_patch)
+    sloppy = trajectory(run_id=run_id, task=task, diff=task.secret.reference_patch + UNUSED_IMPORT_MODULE)
+    for message in (clean, sloppy):
+        await bus.publish(subjects.rollouts(run_id), message)
+    await wait_for(lambda: queue_drained(bus, run_id), timeout_s=120, what="the grader")
+    graded = {g.trajectory.trajectory_id: g.reward for g in await graded_messages(bus, run_id)}
+    good, bad = graded[clean.trajectory_id], graded[sloppy.trajectory_id]
+    assert good.resolved and good.total == 1.0 and good.components["quality"] == 0.0
+    assert good.quality["lint_introduced"] == 0.0 and good.quality["repetition"] == 0.0
+    assert bad.resolved and bad.quality["lint_introduced"] == 1.0
+    assert bad.quality["files_outside_reference"] == 1.0 and bad.quality["diff_size_ratio"] > 1.0
+    assert bad.components["quality"] == pytest.approx(quality_term(bad.quality, config.reward.quality))
+    assert bad.total == pytest.approx(1.0 + bad.components["quality"]) and bad.total <= 1 - 0.5 / 5 - 0.3 / 3
 
 
 async def slow_fix(bus: Bus, run_id: str, task: TaskReply) -> str:

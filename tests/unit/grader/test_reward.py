@@ -6,7 +6,7 @@ import pytest
 from reward_options import OPTIONS
 
 from crucible.contracts import messages
-from crucible.contracts.runconfig import RewardSection
+from crucible.contracts.runconfig import QualitySection, RewardSection
 from services.grader.reward import TERMS, compute_reward, zero_reward
 
 F2P = ["t.py::f1", "t.py::f2"]
@@ -70,6 +70,7 @@ def test_penalties_and_shaping_by_hand():
         "pass_to_pass_penalty": 0.0,
         "length_penalty": pytest.approx(-0.15),
         "tool_error_penalty": pytest.approx(-0.1),
+        "quality": 0.0,
     }
     assert r.total == pytest.approx(1 + 0.2 * 2 / 3 - 0.15 - 0.1)
     # One of four PASS_TO_PASS broken: base 0, penalty 1.0 x 1/4.
@@ -99,3 +100,27 @@ def test_missing_tests_count_as_not_passed_and_zero_reward():
     assert z.total == 0.0 and z.tests_total == 0 and set(z.components.values()) == {0.0}
     assert "tests/test_x.py" in z.note
     assert "no FAIL_TO_PASS" in compute_reward(tests=[], fail_to_pass=[], pass_to_pass=[], changed=True).note
+
+
+MEASURES = {"lint_introduced": 2.0, "diff_size_ratio": 1.5, "files_outside_reference": 6.0,
+            "repetition": 0.25, "tests_added": 1.0, "tool_calls": 3.0}  # fmt: skip
+
+
+def test_quality_terms_by_hand_for_a_resolved_change_only():
+    weights = QualitySection(lint=0.1, size=0.2, outside=0.1, repetition=0.4, tests=0.05)
+    options = RewardSection(quality=weights)
+    r = reward(SOLVED, options, quality=MEASURES)
+    # lint 0.1 x 2/5, size 0.2 x 0.5, outside 0.1 x min(1, 6/3), repetition 0.4 x 0.25; tests +0.05.
+    expected = -(0.04 + 0.1 + 0.1 + 0.1) + 0.05
+    assert r.components["quality"] == pytest.approx(expected) and r.total == pytest.approx(1 + expected)
+    assert r.quality == MEASURES
+    # Measures no worse than the reference's cost nothing; a measure that could not be taken neither.
+    clean = {"lint_introduced": -1.0, "diff_size_ratio": 0.5, "files_outside_reference": 0.0}
+    assert reward(SOLVED, options, quality=clean).total == 1.0
+    # Unresolved, partly solved or unchanged: no quality term, no measures kept.
+    for tests, kind in ((HALF, "resolved"), (HALF, "fail_to_pass"), (SOLVED_BUT_BROKE_ONE, "resolved")):
+        r = reward(tests, RewardSection(kind=kind, quality=weights), quality=MEASURES)
+        assert r.components["quality"] == 0.0 and r.quality == {}
+    # Off (the default): measured (an evaluation) but not paid.
+    measured = reward(SOLVED, RewardSection(), quality=MEASURES)
+    assert measured.total == 1.0 and measured.quality == MEASURES
