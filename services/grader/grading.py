@@ -5,6 +5,9 @@ never from the console the code under test can print into. A generated task's hi
 what each call gave is judged here against the expected outcome, which never entered the sandbox
 (`crucible.probes`).
 
+A resolved change of an evaluation, or of a run with `reward.quality`, also gets quality measures
+(`quality`); such a run weighs them into its reward.
+
 A trajectory that cheats or whose code fails scores 0 (see `reward`): one whose diff touches the tests
 or pytest's configuration (`anticheat`), or adds to the code under test what reaches past the
 behaviour graded (`tamper`: pytest's internals, frames, the garbage collector, exit hooks, patched

@@ -26,6 +26,7 @@ CONFIG = {
         "max_staleness": 1,
     },
     "agent": {"max_turns": 2},
+    "reward": {"quality": {"lint": 0.2}},
 }
 
 
@@ -168,6 +169,11 @@ def test_short_run_through_every_service(stack: LocalStack, tmp_path):
     assert {seg["role"] for seg in detail["segments"]} == {"agent", "environment"}
     assert all(seg["version"] in versions for seg in detail["segments"])
     assert detail["reward_detail"]["fail_to_pass"][1] > 0  # graded against the task's FAIL_TO_PASS tests
+    # The run trains with quality terms: every reward has one; a resolved change has its measures.
+    assert run["config"]["reward"]["quality"]["lint"] == 0.2
+    assert all("quality" in d["reward_detail"]["components"] for d in details)
+    resolved = [d["reward_detail"] for d in details if d["reward_detail"]["resolved"]]
+    assert all({"lint_introduced", "repetition"} <= set(r["quality"]) for r in resolved)
 
     # The services stayed up through all of it.
     assert not stack.poll()

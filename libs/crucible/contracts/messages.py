@@ -228,7 +228,8 @@ class Reward(msgspec.Struct, kw_only=True):
     """[passed, total] of the task's FAIL_TO_PASS tests."""
     pass_to_pass: list[int] = msgspec.field(default_factory=lambda: [0, 0])
     quality: dict[str, float] = msgspec.field(default_factory=dict)
-    """Measures of an evaluated, resolved change (lint introduced, diff size, ...; see grader.quality)."""
+    """Measures of a resolved change of an evaluation or of a run with reward.quality (lint introduced,
+    diff size, repetition, ...; see grader.quality)."""
 
 
 class GradedTrajectory(Message, tag="graded.v1"):
