@@ -184,6 +184,7 @@ async def main(args: argparse.Namespace) -> dict:
                         "finish": [t.finish_reason for t in trajectories],
                         "tool_calls": sum(len(t.tool_calls) for t in trajectories),
                         "tool_seconds": sum(c.duration_s for t in trajectories for c in t.tool_calls),
+                        "in_flight_mean": sum(t.finished_at - t.started_at for t in trajectories) / seconds,
                         "usage_mean": {k: statistics.mean(getattr(t.token_usage, k) for t in trajectories)
                                        for k in ("system", "task", "observations", "actions")},
                         **stats,

@@ -13,8 +13,8 @@ and says whether it is done. Sequences join and leave between steps; each step i
    and the sequences with more, within `prefill_chunk` prefill tokens in all (`_prefills`: short ones,
    such as a grammar's forced tokens, whole; the rest oldest first, so a long observation never stalls
    the others for more than a chunk). Rows fed different numbers of tokens go in packed (`RaggedBatch`):
-   the linear layers run once over every token, attention once per distinct length, so a step costs
-   one forward whatever its mix.
+   the linear layers run once over every token, attention once per distinct length and run of
+   consecutive slots (a view of the cache, never a copy), so a step costs one forward whatever its mix.
 
 The cache (`SlotCache`) holds one slot per resident sequence, kept between a sequence's turns (an
 episode's KV cache survives its tool calls) until `release`. A released slot keeps its cache until a slot
@@ -84,6 +84,9 @@ class BatcherStats:
     forwards: int = 0
     mixed_forwards: int = 0  # of them, rows fed different numbers of tokens packed together
     decode_rows: int = 0  # summed over steps
+    resident_rows: int = 0  # sequences holding a slot, summed over steps
+    caller_rows: int = 0  # of them, those with no request in flight (their caller is busy: a tool
+    # call, building an observation, the event loop), summed over steps
     prefill_tokens: int = 0  # computed
     prefill_parts: int = 0  # rows fed the same number (> 1) of tokens in one forward
     shared_tokens: int = 0  # copied from a shared prefix instead of computed
@@ -236,6 +239,8 @@ class ContinuousBatcher:
         if not live:
             return len(checked) < len(queue)
         self.stats.steps += 1
+        self.stats.resident_rows += len(residents)
+        self.stats.caller_rows += len(residents) - len(queue)
         deferred, ahead = set(), []
         for request in (r for r in live if self._pending(r) > 1):
             if self._share(request, residents, ahead):
@@ -383,9 +388,16 @@ class ContinuousBatcher:
         model, version = self._model, self._version
         assert model is not None and self._cache is not None
         requests = [r for rows, _ in parts for r in rows]
-        batches = [(self._cache.batch([r.resident.slot for r in rows]), n) for rows, n in parts]
+        # Each part as runs of consecutive slots (its rows are in slot order, so the rows keep their
+        # order): a run attends to a view of the cache, where scattered slots would be gathered, a copy
+        # of every row's keys and values up to the longest row, per layer. Episodes leave their slots
+        # scattered; bench_rollout's forwards took 0.62 s gathered and 0.37 s by runs
+        # (docs/benchmarks.md).
+        batches = [
+            (self._cache.batch(run), n) for rows, n in parts for run in _runs([r.resident.slot for r in rows])
+        ]
         tokens = [_next(r.resident.sequence, n) for rows, n in parts for r in rows]
-        ragged = RaggedBatch(batches) if len(parts) > 1 else None
+        ragged = RaggedBatch(batches) if len(batches) > 1 else None
         if ragged is None:
             batch, inputs = batches[0][0], torch.tensor(tokens, dtype=torch.long)
         else:
@@ -400,7 +412,7 @@ class ContinuousBatcher:
         chosen = time.perf_counter()
         self.stats.forward_s += chosen - started
         self.stats.forwards += 1
-        self.stats.mixed_forwards += int(ragged is not None)
+        self.stats.mixed_forwards += int(len(parts) > 1)
         for rows, n in parts:
             if n == 1:
                 self.stats.decode_rows += len(rows)
@@ -435,6 +447,17 @@ class ContinuousBatcher:
                 self._queue.remove(request)
         if not request.future.done():
             request.future.set_result(error)
+
+
+def _runs(slots: list[int]) -> list[list[int]]:
+    """Slots in increasing order as runs of consecutive ones."""
+    runs = [[slots[0]]]
+    for slot in slots[1:]:
+        if slot == runs[-1][-1] + 1:
+            runs[-1].append(slot)
+        else:
+            runs.append([slot])
+    return runs
 
 
 def _next(sequence: Sequence, n: int) -> list[int]:

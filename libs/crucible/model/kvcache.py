@@ -147,6 +147,7 @@ class SlotBatch:
         self.starts_B = torch.tensor([cache.lengths[r] for r in rows], device=device)
         self.length = max(cache.lengths[r] for r in rows)  # the longest row, before this forward
         self.contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+        self.uniform = all(cache.lengths[r] == self.length for r in rows)
         self._mask: tuple[int, torch.Tensor] | None = None
 
     @property
@@ -185,8 +186,11 @@ class SlotBatch:
             )
         return k.to(k_BHTd.dtype), v.to(v_BHTd.dtype)
 
-    def mask(self, n: int) -> torch.Tensor:
-        """[B, 1, n, length + n]: each row's queries see its own keys up to their position."""
+    def mask(self, n: int) -> torch.Tensor | None:
+        """[B, 1, n, length + n]: each row's queries see its own keys up to their position; None when
+        every query sees every key (one token per row, every row at the same length)."""
+        if n == 1 and self.uniform:
+            return None
         if self._mask is None or self._mask[0] != n:
             keys = torch.arange(self.length + n, device=self.starts_B.device)
             self._mask = (n, (keys[None, None, :] <= self.positions(n)[:, :, None])[:, None])

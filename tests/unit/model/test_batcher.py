@@ -95,6 +95,27 @@ def test_batched_equals_one_at_a_time_with_sequences_joining_and_leaving(model):
     batcher.close()
 
 
+def test_sequences_in_scattered_slots_decode_as_they_do_alone(model):
+    """Idle residents hold slots 0 and 2, so the decoding rows sit in slots 1 and 3-7: the forward
+    attends run by run (slot 1, then 3-7), never to a gather of them."""
+    alone = one_at_a_time(model)
+    batcher = ContinuousBatcher(max_context=128, max_slots=8, prefill_chunk=64)
+    batcher.swap(model, 0)
+    holders = [Seq([3, 1, 4, 1, 5]) for _ in range(4)]
+    for holder in holders:
+        batcher.run(holder, None)
+    batcher.release(holders[1])
+    batcher.release(holders[3])
+    seqs = [Seq(p) for p in PROMPTS]
+    futures = [batcher.submit(s, greedy(s, n)) for s, n in zip(seqs, LENGTHS, strict=True)]
+    assert [f.result(timeout=120) for f in futures] == [None] * len(PROMPTS)
+    assert batcher.residents == 2 + len(PROMPTS) and batcher.cache_slots == 8
+    for a, b in zip(alone, seqs, strict=True):
+        assert a.tokens == b.tokens
+        assert b.logprobs == pytest.approx(a.logprobs, abs=1e-5)
+    batcher.close()
+
+
 def test_the_incremental_logprobs_are_the_full_forward_ones(model):
     seq = one_at_a_time(model)[3]
     with torch.no_grad():
