@@ -178,18 +178,20 @@ def tree_at(mirror: Path, commit: str) -> dict[str, bytes]:
 
 
 def parse_patch(patch: str, field: str) -> PatchSet:
+    """The patch's file diffs (none for a blank one)."""
     try:
-        return PatchSet(patch)
+        files = PatchSet(patch)
     except Exception as exc:  # unidiff raises several types
         raise Rejected(f"{field} does not parse: {exc}") from None
+    if patch.strip() and not files:
+        raise Rejected(f"{field} holds no file diff")
+    return files
 
 
 def hidden_files(snapshot: dict[str, bytes], test_patch: str, tests: list[str]) -> dict[str, bytes]:
     """The files the test patch leaves behind after applying it to the snapshot (an empty one leaves
     the snapshot as it is), and the files of the listed tests as they then stand."""
     files = parse_patch(test_patch, "test_patch")
-    if test_patch.strip() and not files:
-        raise Rejected("test_patch holds no file diff")
     if any(f.is_removed_file for f in files):
         raise Rejected("test_patch deletes files; hidden tests can only add or change files")
     paths = [f.path for f in files] + sorted({t.split("::", 1)[0] for t in tests})
@@ -206,12 +208,9 @@ def hidden_files(snapshot: dict[str, bytes], test_patch: str, tests: list[str]) 
 
 def reverse(tree: dict[str, bytes], patch: str) -> str:
     """The diff that undoes `patch` on `tree`, where it is applied: a SWE-smith instance's gold fix."""
-    files = parse_patch(patch, "patch")
-    if not files:
-        raise Rejected("patch holds no file diff")
     paths = {
         name.removeprefix("a/").removeprefix("b/")
-        for f in files
+        for f in parse_patch(patch, "patch")
         for name in (f.source_file, f.target_file)
         if name != "/dev/null"
     }
@@ -265,12 +264,12 @@ def candidate(
         raise Rejected(str(exc)) from None
     if instance.test_patch is None:  # SWE-smith: the tree holds the bug, `patch` made it
         snapshot = tree_at(mirror, instance.base_commit or branch_commit(mirror, instance.instance_id))
-        fix, test_patch = reverse(snapshot, instance.patch), ""
+        source, fix, test_patch = "swesmith", reverse(snapshot, instance.patch), ""
     elif instance.base_commit is None:
         raise Rejected("base_commit is missing")
     else:
         snapshot = tree_at(mirror, instance.base_commit)
-        fix, test_patch = instance.patch, instance.test_patch
+        source, fix, test_patch = "swebench", instance.patch, instance.test_patch
     hidden = hidden_files(snapshot, test_patch, fail_to_pass + pass_to_pass)
     statement = instance.problem_statement
     if hints and (instance.hints_text or "").strip():
@@ -279,7 +278,7 @@ def candidate(
         task_id=task_id_of(taskset, instance.instance_id),
         taskset=taskset,
         split=split,
-        source="swebench" if instance.test_patch is not None else "swesmith",
+        source=source,
         repo=instance.repo,
         difficulty=difficulty_of(fix),
         family=instance.repo.rpartition("/")[2][:100],

@@ -388,13 +388,11 @@ class ContinuousBatcher:
         model, version = self._model, self._version
         assert model is not None and self._cache is not None
         requests = [r for rows, _ in parts for r in rows]
-        # Each part as runs of consecutive slots (its rows are in slot order, so the rows keep their
-        # order): a run attends to a view of the cache, where scattered slots would be gathered, a copy
-        # of every row's keys and values up to the longest row, per layer. Episodes leave their slots
-        # scattered; bench_rollout's forwards took 0.62 s gathered and 0.37 s by runs
-        # (docs/benchmarks.md).
+        # Each part as runs of consecutive slots (its rows are in slot order, so they keep their order),
+        # each attending to a view of the cache: episodes leave their slots scattered, and gathering them
+        # made bench_rollout's forwards 0.62 s against 0.37 s by runs (docs/benchmarks.md).
         batches = [
-            (self._cache.batch(run), n) for rows, n in parts for run in _runs([r.resident.slot for r in rows])
+            (batch, n) for rows, n in parts for batch in self._cache.batches([r.resident.slot for r in rows])
         ]
         tokens = [_next(r.resident.sequence, n) for rows, n in parts for r in rows]
         ragged = RaggedBatch(batches) if len(batches) > 1 else None
@@ -447,17 +445,6 @@ class ContinuousBatcher:
                 self._queue.remove(request)
         if not request.future.done():
             request.future.set_result(error)
-
-
-def _runs(slots: list[int]) -> list[list[int]]:
-    """Slots in increasing order as runs of consecutive ones."""
-    runs = [[slots[0]]]
-    for slot in slots[1:]:
-        if slot == runs[-1][-1] + 1:
-            runs[-1].append(slot)
-        else:
-            runs.append([slot])
-    return runs
 
 
 def _next(sequence: Sequence, n: int) -> list[int]:

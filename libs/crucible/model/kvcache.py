@@ -89,9 +89,9 @@ class SlotCache:
     continuous-batching engine (crucible.model.batcher).
 
     k and v are [n_layers, slots, n_kv_heads, max_len, head_dim], preallocated; positions [0, lengths[s])
-    of slot s are valid. A forward runs on a `SlotBatch`, some slots each fed the same number of tokens;
-    decoding writes in place, so nothing is copied per step except, when the batch's slots are not one
-    contiguous range, the keys and values it attends to."""
+    of slot s are valid. A forward runs on `SlotBatch`es, each a run of consecutive slots fed the same
+    number of tokens: decoding writes in place and attends to a view of the cache, so nothing is copied
+    per step (a gather of scattered slots would copy every row's keys and values, per layer)."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -133,20 +133,30 @@ class SlotCache:
     def batch(self, rows: list[int]) -> SlotBatch:
         return SlotBatch(self, rows)
 
+    def batches(self, slots: list[int]) -> list[SlotBatch]:
+        """Slots in increasing order as batches of consecutive ones, in that order."""
+        runs = [[slots[0]]]
+        for slot in slots[1:]:
+            if slot == runs[-1][-1] + 1:
+                runs[-1].append(slot)
+            else:
+                runs.append([slot])
+        return [SlotBatch(self, run) for run in runs]
+
 
 class SlotBatch:
-    """The slots one forward runs on (batch row b is slot rows[b]), each continuing at its own length."""
+    """The slots one forward runs on, consecutive (batch row b is slot rows[b]), each continuing at its own
+    length."""
 
     def __init__(self, cache: SlotCache, rows: list[int]) -> None:
-        if not rows or len(set(rows)) != len(rows):
-            raise ValueError(f"a batch needs distinct slots, got {rows}")
+        if not rows or rows != list(range(rows[0], rows[0] + len(rows))):
+            raise ValueError(f"a batch needs a run of consecutive slots, got {rows}")
         self.cache = cache
         self.rows = rows
         device = cache.k.device
         self.rows_B = torch.tensor(rows, device=device)
         self.starts_B = torch.tensor([cache.lengths[r] for r in rows], device=device)
         self.length = max(cache.lengths[r] for r in rows)  # the longest row, before this forward
-        self.contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
         self.uniform = all(cache.lengths[r] == self.length for r in rows)
         self._mask: tuple[int, torch.Tensor] | None = None
 
@@ -172,18 +182,9 @@ class SlotBatch:
         k_cache, v_cache = self.cache.k[layer], self.cache.v[layer]  # [slots, H, max_len, d]
         k_cache[self.rows_B[:, None], :, pos] = k_BHTd.transpose(1, 2).to(k_cache.dtype)
         v_cache[self.rows_B[:, None], :, pos] = v_BHTd.transpose(1, 2).to(v_cache.dtype)
-        end = self.length + T
-        if self.contiguous:
-            first = self.rows[0]
-            k, v = (
-                k_cache[first : first + len(self.rows), :, :end],
-                v_cache[first : first + len(self.rows), :, :end],
-            )
-        else:
-            k, v = (
-                k_cache[:, :, :end].index_select(0, self.rows_B),
-                v_cache[:, :, :end].index_select(0, self.rows_B),
-            )
+        end, first = self.length + T, self.rows[0]
+        k = k_cache[first : first + len(self.rows), :, :end]
+        v = v_cache[first : first + len(self.rows), :, :end]
         return k.to(k_BHTd.dtype), v.to(v_BHTd.dtype)
 
     def mask(self, n: int) -> torch.Tensor | None:

@@ -97,7 +97,7 @@ def test_batched_equals_one_at_a_time_with_sequences_joining_and_leaving(model):
 
 def test_sequences_in_scattered_slots_decode_as_they_do_alone(model):
     """Idle residents hold slots 0 and 2, so the decoding rows sit in slots 1 and 3-7: the forward
-    attends run by run (slot 1, then 3-7), never to a gather of them."""
+    attends run by run (slot 1, then 3-7)."""
     alone = one_at_a_time(model)
     batcher = ContinuousBatcher(max_context=128, max_slots=8, prefill_chunk=64)
     batcher.swap(model, 0)

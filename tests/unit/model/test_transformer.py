@@ -176,3 +176,6 @@ def test_a_ragged_batch_gives_each_part_what_it_gives_alone(cfg, tokens, attenti
     torch.testing.assert_close(packed.k, alone.k, atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="ragged batch feeds"):
         model(decode, cache=RaggedBatch([(packed.batch([0, 1]), 1), (packed.batch([2, 3]), 6)]))
+    with pytest.raises(ValueError, match="consecutive slots"):
+        packed.batch([0, 2])  # scattered slots go as runs (`SlotCache.batches`)
+    assert [b.rows for b in packed.batches([0, 2, 3])] == [[0], [2, 3]]
