@@ -10,6 +10,15 @@ and what the function returns (as a Python literal) or raises (the exception's c
 the test's result, to be judged outside the sandbox against an expected value that never enters it
 (`crucible.probes`).
 
+With --crucible-guard=SPEC (a JSON file: the lines the graded change added, by path) it installs a
+runtime guard before pytest starts, so before any test or code under test is imported: an audit hook
+(`sys.addaudithook`, which nothing can remove) that watches what reaches past the behaviour graded
+(frames, code objects, the garbage collector, signals to pytest, ctypes, the report's folder, the test
+files, writes outside the workspace, other audit hooks) and attributes each event to the workspace line
+that caused it. An event caused by a line the change added is refused (the call raises) and written at
+once to GUARD_LOG, out of band: the refused call never returns what it asked for, so there is nothing
+to undo afterwards. See `_Guard`.
+
 It runs inside the sandbox under the task's Python: it imports nothing of Crucible.
 """
 
@@ -19,6 +28,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -34,10 +44,13 @@ _PLAIN = (int, float, complex, str, bytes, bool, type(None))
 _LITERAL_DEPTH = 20
 VALUE_CHARS = 64 * 1024
 """A probe value whose repr is longer is not recorded (no expected value is that long)."""
+GUARD_LOG = "guard.jsonl"
+"""The guard's findings, one JSON object per line, written beside the report."""
 
 
 def pytest_addoption(parser):
     parser.addoption("--crucible-report", default=None, help="write per-test results here (JSON lines)")
+    parser.addoption("--crucible-guard", default=None, help="guard the run (read before pytest starts)")
 
 
 def _record(nodeid: str, outcome: str, duration: float, message: str) -> None:
@@ -132,6 +145,188 @@ def pytest_sessionfinish(session, exitstatus):
             f.writelines(json.dumps(result) + "\n" for result in _results.values())
 
 
+# The guard. Each watched event has a rule and a way to find its culprit, the workspace line behind it.
+# DIRECT looks at the Python frame that made the call only: a library's own use is its business.
+# WALK looks through library frames (the standard library, installed packages) and code made at run
+# time (exec'd strings, modules written outside the workspace) to the innermost workspace frame, so
+# `inspect.stack()`, `operator.attrgetter`, a `ThreadPoolExecutor` or `exec` hide nothing. A walk that
+# has met only library frames stops without a culprit at an import (a module's own set-up) and at an
+# OWNERS frame, whose frame reads are bookkeeping that hands no frame back (logging's caller,
+# namedtuple's and TypeVar's module, a formatted exception, a function's signature). On a thread
+# other than the main one, a walk that meets no workspace frame blames the change: only code under
+# test starts threads there.
+DIRECT, WALK = "direct", "walk"
+_FRAME_ATTRIBUTES = frozenset({"tb_frame", "gi_frame", "cr_frame", "ag_frame"})
+_CODE_ATTRIBUTES = frozenset({"__code__", "gi_code", "cr_code", "ag_code"})
+_EVENTS = {
+    "sys._getframe": ("frame-introspection", WALK),
+    "sys._current_frames": ("frame-introspection", WALK),
+    "sys.settrace": ("frame-introspection", WALK),
+    "sys.setprofile": ("frame-introspection", WALK),
+    "sys.addaudithook": ("frame-introspection", WALK),
+    "gc.get_objects": ("gc-walk", WALK),
+    "gc.get_referrers": ("gc-walk", WALK),
+    "gc.get_referents": ("gc-walk", WALK),
+    "code.__new__": ("dynamic-code", DIRECT),
+    "function.__new__": ("dynamic-code", DIRECT),
+    "os.kill": ("exit-hooks", WALK),
+    "os.killpg": ("exit-hooks", WALK),
+}
+_PATH_EVENTS = frozenset(
+    {"open", "os.remove", "os.rename", "os.truncate", "os.chmod", "os.symlink", "os.link"}
+)
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND
+_FORMATTERS = frozenset({
+    "format_exc", "print_exc", "format_exception", "print_exception", "format_tb", "print_tb",
+    "print_last", "format_exception_only",
+})  # fmt: skip
+OWNERS: dict[str, frozenset[str] | None] = {  # module -> its functions that own their frame reads (None: all)
+    "logging": frozenset({"_log"}),
+    "typing": None,
+    "collections": None,
+    "enum": None,
+    "warnings": None,
+    "traceback": _FORMATTERS,
+    "inspect": frozenset({"_signature_from_function", "_has_code_flag"}),  # signature, iscoroutinefunction
+}
+
+
+class _Refused(PermissionError):
+    """What a refused call raises."""
+
+
+class _Guard:
+    def __init__(self, spec_path: str, log_path: str) -> None:
+        import site
+        import sysconfig
+
+        with open(spec_path, encoding="utf-8") as f:
+            spec = json.load(f)
+        self.root = os.getcwd()
+        self.prefix = self.root.rstrip("/") + "/"
+        self.added = {self.prefix + path: frozenset(lines) for path, lines in spec["added"].items()}
+        self.protected = frozenset(self.prefix + path for path in spec["protected"])
+        self.stems = frozenset(
+            os.path.basename(path)[:-3] for path in spec["protected"] if path.endswith(".py")
+        )
+        paths = sysconfig.get_paths()
+        libraries = {paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")}
+        libraries |= {*site.getsitepackages(), os.path.dirname(os.path.abspath(__file__))}
+        self.libraries = tuple(path.rstrip("/") + "/" for path in libraries)
+        self.named = (*self.libraries, self.prefix)  # code compiled under these names passes for theirs
+        self.report_dir = os.path.dirname(os.path.abspath(log_path)) + "/"
+        self.temp = os.path.abspath(os.environ.get("TMPDIR") or "/tmp")
+        self.main = threading.get_ident()
+        self.busy: set[int] = set()  # threads inside the hook (its own frame reads are audited too)
+        self.fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+
+    def __call__(self, event: str, args: tuple) -> None:
+        if event in _EVENTS:
+            rule, how = _EVENTS[event]
+            detail = event
+        elif event == "object.__getattr__" and len(args) == 2 and args[1] in _FRAME_ATTRIBUTES:
+            rule, how, detail = "frame-introspection", WALK, str(args[1])
+        elif event == "object.__getattr__" and len(args) == 2 and args[1] in _CODE_ATTRIBUTES:
+            rule, how, detail = "code-access", WALK, str(args[1])
+        elif event == "object.__setattr__" and len(args) >= 2 and args[1] in _CODE_ATTRIBUTES:
+            rule, how, detail = "dynamic-code", DIRECT, f"sets {args[1]}"
+        elif event.startswith("ctypes."):
+            rule, how, detail = "module-patching", WALK, event
+        elif (
+            event == "compile"
+            and len(args) == 2
+            and isinstance(args[1], str)
+            and args[1].startswith(self.named)
+        ):
+            rule, how, detail = "dynamic-code", WALK, f"compiles code as {args[1]}"
+        elif event in _PATH_EVENTS and args:
+            found = self._path_rule(event, args)
+            if found is None:
+                return
+            (rule, detail), how = found, WALK
+        else:
+            return
+        me = threading.get_ident()
+        if me in self.busy:
+            return
+        self.busy.add(me)
+        try:
+            culprit = self._culprit(sys._getframe(1), how, me)
+        finally:
+            self.busy.discard(me)
+        if culprit is None:
+            return
+        record = {"rule": rule, "path": culprit[0], "line": culprit[1], "detail": detail[:200]}
+        try:
+            os.write(self.fd, (json.dumps(record) + "\n").encode())
+        except OSError:
+            pass  # the log was closed under us: the call is refused all the same
+        raise _Refused(f"refused by the grading guard: {rule} ({detail[:80]})")
+
+    def _path_rule(self, event: str, args: tuple) -> tuple[str, str] | None:
+        """(rule, detail) for a file event on what the code under test must not touch."""
+        path = args[0]
+        if isinstance(path, bytes):
+            path = os.fsdecode(path)
+        if not isinstance(path, str):
+            return None  # a file descriptor: opened by name before, and checked then
+        path = os.path.abspath(path)
+        name = path[len(self.prefix) :] if path.startswith(self.prefix) else path
+        if path.startswith(self.report_dir):
+            return "report-paths", f"{event} {path}"
+        cached = "/__pycache__/" in path and os.path.basename(path).split(".")[0] in self.stems
+        if path in self.protected or cached:
+            return "test-sources", f"{event} {name}"
+        writes = event != "open" or (
+            len(args) >= 3
+            and (
+                (isinstance(args[1], str) and any(c in args[1] for c in "wax+"))
+                or (isinstance(args[2], int) and bool(args[2] & _WRITE_FLAGS))
+            )
+        )
+        if writes and path.startswith(self.prefix) and name.endswith(".py") and is_test_path(name):
+            return "test-sources", f"{event} {name}"
+        inside = any(path == top or path.startswith(top + "/") for top in (self.root, self.temp, "/dev"))
+        return ("outside-writes", f"{event} {path}") if writes and not inside else None
+
+    def _owns(self, frame) -> bool:
+        module = str(frame.f_globals.get("__name__", "")).split(".")[0]
+        if module not in OWNERS:
+            return False
+        functions = OWNERS[module]
+        return functions is None or frame.f_code.co_name in functions
+
+    def _culprit(self, frame, how: str, me: int) -> tuple[str, int] | None:
+        """The added workspace line behind an event `frame` made (None: not the change's doing)."""
+        library_only = True
+        while frame is not None:
+            file = frame.f_code.co_filename
+            library = file.startswith(self.libraries) or file.startswith("<frozen")
+            if not library and file.startswith(self.prefix):
+                lines = self.added.get(file)
+                if lines is not None and frame.f_lineno in lines:
+                    return file[len(self.prefix) :], frame.f_lineno
+                return None
+            if how == DIRECT and library:
+                return None
+            if library_only and library and (file.startswith("<frozen importlib") or self._owns(frame)):
+                return None
+            library_only = library_only and library
+            frame = frame.f_back
+        return None if me == self.main else ("<a thread the code under test started>", 0)
+
+
+def _guard(argv: list[str]) -> None:
+    """Install the guard when argv asks for it; its log goes beside the report."""
+    spec = next((a.split("=", 1)[1] for a in argv if a.startswith("--crucible-guard=")), None)
+    if spec is None:
+        return
+    report = next((a.split("=", 1)[1] for a in argv if a.startswith("--crucible-report=")), None)
+    if report is None:
+        raise SystemExit("--crucible-guard needs --crucible-report")
+    sys.addaudithook(_Guard(spec, os.path.join(os.path.dirname(os.path.abspath(report)), GUARD_LOG)))
+
+
 def is_test_path(path: str) -> bool:
     """A test file or a file in a test folder, by pytest's conventions (the grader protects these; the
     catalog's synthesis never mutates them)."""
@@ -177,6 +372,7 @@ if __name__ == "__main__":
     import pytest
 
     sys.path.insert(1, os.getcwd())  # the workspace importable, as under `python -m pytest`
+    _guard(sys.argv[1:])
     code = int(pytest.main(sys.argv[1:], plugins=[sys.modules[__name__]]))
     sys.stdout.flush()
     sys.stderr.flush()

@@ -81,6 +81,17 @@ def added_test_modules(diff: str) -> list[str]:
     )
 
 
+def added_lines(diff: str) -> dict[str, list[int]]:
+    """The line numbers, after the change, of every line `diff` adds, by path (a new file: all of it)."""
+    added = {}
+    for file in parse_diff(diff):
+        path = diff_path(file.target_file) if file.target_file else None
+        lines = [line.target_line_no for hunk in file for line in hunk if line.is_added]
+        if path is not None and lines:
+            added[path] = lines
+    return added
+
+
 def _is_test_module(name: str) -> bool:
     return name != "conftest.py" and any(fnmatch.fnmatchcase(name, p) for p in TEST_FILE_PATTERNS)
 

@@ -8,11 +8,13 @@ what each call gave is judged here against the expected outcome, which never ent
 A resolved change of an evaluation, or of a run with `reward.quality`, also gets quality measures
 (`quality`); such a run weighs them into its reward.
 
-A trajectory that cheats or whose code fails scores 0 (see `reward`): one whose diff touches the tests
-or pytest's configuration (`anticheat`), or adds to the code under test what reaches past the
-behaviour graded (`tamper`: pytest's internals, frames, the garbage collector, exit hooks, patched
-modules, run-time names), with the reason in the note; `crucible_grader_tampered_total` counts the
-latter by run and rule.
+A trajectory that cheats or whose code fails scores 0 (see `reward`), with the reason in the note: one
+whose diff touches the tests or pytest's configuration (`anticheat`); one that adds to the code under
+test what reaches past the behaviour graded, seen in its source (`tamper`: pytest's internals, frames,
+the garbage collector, exit hooks, patched modules, run-time names) or, however it is spelled, when
+it runs (the runtime guard of `crucible.pytest_report`, told which lines the change added: frames,
+code objects, the garbage collector, ctypes, signals, the report and the hidden tests' files).
+`crucible_grader_tampered_total` counts the last two by run and rule (the guard's as `guard:<rule>`).
 
 A failure of Crucible's own infrastructure (catalog or sandbox unreachable or refusing, a bus timeout,
 a task whose hidden tests do not unpack) raises instead, so the message is held or redelivered and
@@ -29,9 +31,10 @@ from crucible.clients.sandbox import SandboxClient, SandboxSession
 from crucible.contracts import endpoints
 from crucible.contracts.messages import Reward, TaskRequest, TaskSecret, Trajectory
 from crucible.contracts.runconfig import RunConfig
+from crucible.contracts.sandbox import GuardSpec
 from crucible.contracts.trajectories import arrays
 from crucible.runs import run_config
-from services.grader.anticheat import BadDiff, protected_paths, touched_paths
+from services.grader.anticheat import BadDiff, added_lines, protected_paths, touched_paths
 from services.grader.metrics import TAMPERED
 from services.grader.quality import change_measures, lint_findings, lint_paths, repetition
 from services.grader.reward import compute_reward, zero_reward
@@ -141,6 +144,12 @@ async def tamper_findings(
     return found
 
 
+def guard_spec(diff: str, secret: TaskSecret) -> GuardSpec:
+    """What the runtime guard watches for: the change's added lines, and the hidden tests' files."""
+    tests = {nodeid.split("::")[0] for nodeid in [*secret.fail_to_pass, *secret.pass_to_pass, *secret.probes]}
+    return GuardSpec(added=added_lines(diff), protected=sorted(t for t in tests if t.endswith(".py")))
+
+
 async def run_hidden_tests(
     *,
     session: SandboxSession,
@@ -176,7 +185,19 @@ async def run_hidden_tests(
         args = pytest_report.split_command(secret.test_command)
     except ValueError as exc:
         raise GradingInfraError(f"task {secret.task_id}: {exc}") from None
-    run = await session.tool("run_tests", pytest_args=args, timeout_s=settings.test_timeout_s)
+    guard = guard_spec(trajectory.final_diff, secret) if settings.guard else None
+    run = await session.tool("run_tests", pytest_args=args, timeout_s=settings.test_timeout_s, guard=guard)
+    if guard is not None:
+        if run.guard is None:
+            raise GradingInfraError(f"the sandbox ran {secret.task_id}'s tests without the guard's log")
+        if run.guard:
+            first = run.guard[0]
+            TAMPERED.labels(run_id=trajectory.run_id, rule=f"guard:{first.rule}").inc()
+            more = f" and {len(run.guard) - 1} more" if len(run.guard) > 1 else ""
+            where = f"{first.path}:{first.line}"
+            return zero_reward(
+                note=f"guard refused: {first.rule} at {where} ({first.detail}){more}"[:NOTE_CHARS]
+            )
     if run.timed_out:
         return zero_reward(note=f"hidden tests ran past {settings.test_timeout_s:.0f}s")
     if not run.tests:

@@ -22,6 +22,9 @@ class Settings(CommonSettings):
     tamper_scan: bool = True
     """Score 0 a change that adds what reaches past the code under test (services.grader.tamper); off
     only to measure what the scan stops."""
+    guard: bool = True
+    """Run the hidden tests under the runtime guard (`crucible.pytest_report`), which refuses and reports
+    what the change's own lines do past the code under test; off only to measure what it stops."""
     catalog_timeout_s: float = Field(default=10.0, gt=0)
     sandbox_timeout_s: float = Field(default=120.0, gt=0)
     """Deadline of one sandbox call other than the test run (create, apply, overlay)."""

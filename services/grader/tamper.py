@@ -17,8 +17,10 @@ Rules (`Finding.rule`):
 - `exit-hooks`: `atexit`, `os._exit`, `os.kill`, signal handlers, `faulthandler`.
 - `module-patching`: `sys.modules`, the `builtins` module or `__builtins__`, `ctypes`.
 - `dynamic-code`: `exec`, `eval`, `compile`, `__import__`, `importlib`, `getattr`/`setattr` with a
-  computed name (a name built at run time hides every rule above).
-- `always-equal`: an `__eq__` that is always True (an object equal to any expected value).
+  computed name (a name built at run time hides every rule above), a class built by `type()` with
+  three arguments.
+- `always-equal`: an `__eq__` that always returns the same truthy constant (an object equal to any
+  expected value), or the name `"__eq__"` as a string (a class built with `type()`, a `setattr`).
 - `report-paths`: a string naming the test report or pytest's own files (`--crucible-report`, the
   report folder, `.pytest_cache`, `junit`, `conftest`); strings naming pytest's hooks and reports, or
   the attributes above (for `getattr`), count under their rule.
@@ -59,6 +61,7 @@ NAMES = {  # strings that name one of the above, for getattr and friends
     **dict.fromkeys(FRAME_ATTRIBUTES | {"_getframe", "_current_frames"}, "frame-introspection"),
     **dict.fromkeys(("get_objects", "get_referrers", "get_referents"), "gc-walk"),
     "_exit": "exit-hooks",
+    "__eq__": "always-equal",
 }
 PYTEST_WORDS = ("pytest_", "TestReport", "CallInfo", "runtestprotocol", "_pytest")
 REPORT_WORDS = (
@@ -95,8 +98,11 @@ def _dotted(node: ast.AST) -> str:
     return ""
 
 
-def _constant_true(node: ast.AST) -> bool:
-    return isinstance(node, ast.Constant) and node.value is True
+def _constant_truthy(node: ast.AST | None) -> bool:
+    """A constant that is true whatever it is compared with: `True`, `1`, `"yes"`, `not None`."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        return isinstance(node.operand, ast.Constant) and not node.operand.value
+    return isinstance(node, ast.Constant) and bool(node.value)
 
 
 class _Scanner(ast.NodeVisitor):
@@ -160,6 +166,8 @@ class _Scanner(ast.NodeVisitor):
             name = node.args[1]
             if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
                 self.add("dynamic-code", node, f"{func} with a computed name")
+        if func in ("type", "builtins.type") and len(node.args) == 3:
+            self.add("dynamic-code", node, "a class built by type()")
         self.generic_visit(node)
 
     def visit_Expr(self, node: ast.Expr) -> None:
@@ -182,8 +190,8 @@ class _Scanner(ast.NodeVisitor):
         if node.name.startswith("pytest_"):
             self.add("pytest-internals", node, f"def {node.name}")
         returns = [n for n in ast.walk(node) if isinstance(n, ast.Return)]
-        if node.name == "__eq__" and returns and all(_constant_true(r.value) for r in returns if r.value):
-            self.add("always-equal", node, "__eq__ that is always True")
+        if node.name == "__eq__" and returns and all(_constant_truthy(r.value) for r in returns):
+            self.add("always-equal", node, "__eq__ that is always true")
         self.generic_visit(node)
 
     visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
@@ -191,8 +199,8 @@ class _Scanner(ast.NodeVisitor):
     def visit_Assign(self, node: ast.Assign) -> None:
         names = [_dotted(t) for t in node.targets]
         if any(n.endswith("__eq__") for n in names) and isinstance(node.value, ast.Lambda):
-            if _constant_true(node.value.body):
-                self.add("always-equal", node, "__eq__ that is always True")
+            if _constant_truthy(node.value.body):
+                self.add("always-equal", node, "__eq__ that is always true")
         self.generic_visit(node)
 
 

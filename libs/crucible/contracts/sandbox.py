@@ -27,6 +27,24 @@ VERBS = (VERB_TOOL, VERB_DIFF, VERB_APPLY, VERB_RUN, VERB_OVERLAY, VERB_DESTROY,
 LIMITS = ("timeout", "memory", "processes", "cpu", "file_size", "disk")
 
 
+class GuardSpec(msgspec.Struct, kw_only=True):
+    """run_tests under the grading guard (`crucible.pytest_report`): what the graded change added."""
+
+    added: dict[str, list[int]]
+    """The lines the change added, by path from the repository root: events they cause are refused."""
+    protected: list[str] = msgspec.field(default_factory=list)
+    """The hidden tests' files: the code under test may not read or write them."""
+
+
+class GuardFinding(msgspec.Struct, kw_only=True):
+    """One event the guard refused, and the added line that caused it."""
+
+    rule: str
+    path: str
+    line: int
+    detail: str = ""
+
+
 class ToolResult(msgspec.Struct, kw_only=True):
     """What one tool call did. A failed call is a result with ok=False and an error, never an exception."""
 
@@ -39,6 +57,7 @@ class ToolResult(msgspec.Struct, kw_only=True):
     duration_s: float = 0.0
     limit: str | None = None  # which of LIMITS stopped the command, if one did
     tests: list[TestResult] | None = None  # run_tests: one outcome per test, from pytest itself
+    guard: list[GuardFinding] | None = None  # run_tests with a guard: what it refused (None: no log)
 
 
 class CreateRequest(Message, tag="sandbox.create.v1"):

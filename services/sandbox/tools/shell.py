@@ -16,7 +16,7 @@ from unidiff.patch import PatchSet
 
 from crucible import pytest_report
 from crucible.contracts.messages import TestResult
-from crucible.contracts.sandbox import ToolResult
+from crucible.contracts.sandbox import GuardFinding, GuardSpec, ToolResult
 from crucible.lint import RUFF_CHECK
 from services.sandbox.isolation.bwrap import PLUGIN_DIR, Bind
 from services.sandbox.session import Session
@@ -25,6 +25,7 @@ from services.sandbox.tools.registry import Args, ToolFailure, tool
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 REPORT_DIR = "/crucible/report"  # a fresh folder per run, bound only for that run
 REPORT = "results.jsonl"
+GUARD = "guard.json"
 PYTEST = ["python", f"{PLUGIN_DIR}/{pytest_report.SCRIPT}", "-p", "no:cacheprovider"]
 REPORT_CAP_BYTES = 8 * 1024 * 1024
 FAILED = ("failed", "error")
@@ -83,6 +84,8 @@ class RunTestsArgs(Args):
     """pytest node ids (tests/test_x.py::test_y) or paths; none: pytest's own collection."""
     pytest_args: list[str] = msgspec.field(default_factory=list)
     timeout_s: Seconds | None = None
+    guard: GuardSpec | None = None
+    """Run under the grading guard (the grader's runs): see `crucible.pytest_report`."""
 
 
 def _parse_report(text: str) -> list[TestResult]:
@@ -90,6 +93,18 @@ def _parse_report(text: str) -> list[TestResult]:
         return [msgspec.convert(result, TestResult) for result in pytest_report.read_report(text)]
     except (ValueError, msgspec.ValidationError) as exc:
         raise ToolFailure(f"unreadable test report: {exc}") from None
+
+
+def _parse_guard(text: str) -> list[GuardFinding]:
+    """The guard's findings; a line that is not one (the code under test can write to the log, but only
+    to its own harm) is a finding too."""
+    found = []
+    for line in text.splitlines():
+        try:
+            found.append(msgspec.json.decode(line, type=GuardFinding))
+        except msgspec.DecodeError:
+            found.append(GuardFinding(rule="report-paths", path="", line=0, detail=f"forged: {line[:100]!r}"))
+    return found
 
 
 @tool(
@@ -115,7 +130,12 @@ async def run_tests(session: Session, args: RunTestsArgs) -> ToolResult:
     try:
         if session.sandbox.owner is not None:
             os.chown(report_dir, *session.sandbox.owner)
-        argv = [*PYTEST, f"--crucible-report={REPORT_DIR}/{REPORT}", *args.pytest_args, "--", *args.node_ids]
+        guard = []
+        if args.guard is not None:
+            (report_dir / GUARD).write_bytes(msgspec.json.encode(args.guard))
+            guard = [f"--crucible-guard={REPORT_DIR}/{GUARD}"]
+        report = f"--crucible-report={REPORT_DIR}/{REPORT}"
+        argv = [*PYTEST, report, *guard, *args.pytest_args, "--", *args.node_ids]
         result = await session.sandboxed(
             argv,
             timeout_s=timeout,
@@ -124,6 +144,14 @@ async def run_tests(session: Session, args: RunTestsArgs) -> ToolResult:
         written = report_dir / REPORT
         if written.is_file() and not written.is_symlink() and written.stat().st_size <= REPORT_CAP_BYTES:
             result.tests = _parse_report(written.read_text(errors="replace"))
+        logged = report_dir / pytest_report.GUARD_LOG
+        if (
+            guard
+            and logged.is_file()
+            and not logged.is_symlink()
+            and logged.stat().st_size <= REPORT_CAP_BYTES
+        ):
+            result.guard = _parse_guard(logged.read_text(errors="replace"))
     finally:
         shutil.rmtree(report_dir, ignore_errors=True)
     no_failure = result.tests and not any(t.outcome in FAILED for t in result.tests)
