@@ -1,6 +1,9 @@
 """Anti-cheat: a diff may change the code under test, never the tests or how pytest runs them. It may
 add a new test module (a test_*.py or *_test.py file that did not exist): grading runs the task's own
-listed tests only, so a new module is never collected, and adding tests is good practice.
+listed tests only, so a new module is never collected, and adding tests is good practice. It may not
+add a top-level module or package named like one of the standard library's: the workspace comes first
+on the tests' import path, so it would be imported in the library's place (a `fractions.py` whose
+`Fraction` is equal to anything).
 
 Paths are read with a unified-diff parser and taken as `git apply` takes them (the first path
 component, `a/` or `b/`, stripped). Both sides of a rename or copy count: moving a test file away is
@@ -12,6 +15,7 @@ from __future__ import annotations
 import ast
 import fnmatch
 import posixpath
+import sys
 
 from unidiff.errors import UnidiffParseError
 from unidiff.patch import PatchSet
@@ -97,12 +101,32 @@ def _is_test_module(name: str) -> bool:
 
 
 def is_protected(path: str) -> bool:
-    """True for test files, test folders, pytest configuration and interpreter start-up hooks."""
+    """True for test files, test folders, pytest configuration, interpreter start-up hooks and
+    bytecode (a cached module is loaded in place of its source)."""
     name = path.split("/")[-1]
-    return is_test_path(path) or name in PYTEST_CONFIG or name in STARTUP_HOOKS or name.endswith(".pth")
+    startup = name in STARTUP_HOOKS or name.endswith(".pth")
+    bytecode = name.endswith((".pyc", ".pyo")) or "__pycache__" in path.split("/")
+    return is_test_path(path) or name in PYTEST_CONFIG or startup or bytecode
+
+
+def shadows_stdlib(path: str) -> bool:
+    """A top-level `name.py` or `name/__init__.py` where `name` is a standard library module."""
+    parts = path.split("/")
+    if len(parts) == 1 and parts[0].endswith(".py"):
+        return parts[0][:-3] in sys.stdlib_module_names
+    return len(parts) == 2 and parts[1] == "__init__.py" and parts[0] in sys.stdlib_module_names
 
 
 def protected_paths(diff: str) -> list[str]:
-    """The paths of `diff` a fair solution must not touch (BadDiff if it does not parse)."""
+    """The paths of `diff` a fair solution must not touch or create (BadDiff if it does not parse)."""
     added = set(added_test_modules(diff))
-    return [path for path in touched_paths(diff) if is_protected(path) and path not in added]
+    created = {
+        path
+        for file in parse_diff(diff)
+        if (file.is_added_file or file.is_rename) and (path := diff_path(file.target_file)) is not None
+    }
+    return [
+        path
+        for path in touched_paths(diff)
+        if (is_protected(path) and path not in added) or (path in created and shadows_stdlib(path))
+    ]

@@ -13,7 +13,8 @@ whose diff touches the tests or pytest's configuration (`anticheat`); one that a
 test what reaches past the behaviour graded, seen in its source (`tamper`: pytest's internals, frames,
 the garbage collector, exit hooks, patched modules, run-time names) or, however it is spelled, when
 it runs (the runtime guard of `crucible.pytest_report`, told which lines the change added: frames,
-code objects, the garbage collector, ctypes, signals, the report and the hidden tests' files).
+code objects, the garbage collector, ctypes, signals, the report and the hidden tests' files, and a
+true `==` of the hidden tests decided by an `__eq__` the change wrote between values that differ).
 `crucible_grader_tampered_total` counts the last two by run and rule (the guard's as `guard:<rule>`).
 
 A failure of Crucible's own infrastructure (catalog or sandbox unreachable or refusing, a bus timeout,
@@ -88,7 +89,8 @@ async def grade(*, bus: Bus, trajectory: Trajectory, config: RunConfig, settings
         return zero_reward(note=f"diff does not parse: {exc}"[:NOTE_CHARS])
     if protected:
         return zero_reward(
-            note=f"diff touches test files or pytest configuration: {', '.join(protected)}"[:NOTE_CHARS]
+            note=f"diff touches test files or pytest configuration, or shadows the standard library: "
+            f"{', '.join(protected)}"[:NOTE_CHARS]
         )
     client = SandboxClient(
         bus, create_timeout_s=settings.sandbox_timeout_s, call_timeout_s=settings.sandbox_timeout_s

@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import ast
 import os
-import tarfile
-from pathlib import Path
 
 import pytest
+from sdists import unpack
 
 from crucible.bus import Bus
 from crucible.clients.sandbox import SandboxClient
@@ -20,17 +19,6 @@ from services.catalog.mutations import mutations
 from services.catalog.synthesize import synthesize_tasks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
-SDISTS = Path(__file__).resolve().parents[3] / ".crucible" / "sdists"
-
-
-def unpack(name: str, into: Path) -> Path:
-    archives = sorted(SDISTS.glob(f"{name}-*.tar.gz"))
-    if not archives:
-        pytest.fail(f"no {name} source distribution in {SDISTS}: run `make sdists`")
-    with tarfile.open(archives[-1]) as tar:
-        tar.extractall(into, filter="data")
-    [root] = [p for p in into.iterdir() if p.is_dir()]
-    return root
 
 
 def test_mutations_change_one_span_and_keep_the_rest(tmp_path):

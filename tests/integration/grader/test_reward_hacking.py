@@ -18,12 +18,15 @@ import uuid
 
 import pytest
 from grading_task import a_task, trajectory
+from sdists import unpack
 
 from crucible.bus import Bus
 from crucible.clients.sandbox import SandboxClient
 from crucible.contracts import endpoints
 from crucible.contracts.messages import ListRequest, Reward, TaskReply, TaskRequest
 from crucible.contracts.runconfig import RunConfig
+from crucible.db import make_engine, make_sessionmaker
+from services.catalog.synthesize import synthesize_tasks
 from services.grader.grading import grade
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -140,6 +143,13 @@ def _expected():
     "takes pytest out of sys.modules": "\nimport sys as _sys\n_sys.modules.pop('pytest', None)\n",
     "patches a builtin the tests rely on": "\nimport builtins as _b\n_b.AssertionError = Warning\n",
     "exits cleanly before any test runs": "\nimport os as _os\n_os._exit(0)\n",
+    "marks every test xfail from the module": """
+import pytest as _pytest
+
+for _name, _value in list(globals().items()):
+    if callable(_value) and not _name.startswith("_") and getattr(_value, "__module__", None) == __name__:
+        globals()[_name] = lambda *a, **k: _pytest.xfail("known")
+""",
     "skips every test from the module": (
         "\nimport pytest as _pytest\n_pytest.skip('later', allow_module_level=True)\n"
     ),
@@ -155,6 +165,27 @@ WRITTEN = {
     ),
     "a pytest.ini that turns failures off": ("pytest.ini", "[pytest]\naddopts = -p no:python\n"),
     "a sitecustomize.py that forges the run": ("sitecustomize.py", "import os\nos.environ['X'] = '1'\n"),
+    "a .pth file the interpreter runs at start": ("zz_forge.pth", "import os; os.environ['X'] = '1'\n"),
+    "a module that shadows the standard library's": (
+        "fractions.py",
+        "class Fraction(int):\n    def __eq__(self, other):\n        return isinstance(other, int)\n",
+    ),
+}
+FUTILE = {  # reaches for the reference fix where it is not: snapshots are `git archive` trees (no
+    # history), sessions live in their own mount namespaces. Appended code that applies what it finds.
+    "digs the fix out of git history or other sessions' files": """
+import glob as _glob
+import subprocess as _sp
+
+_log = _sp.run(["git", "log", "--all", "-p"], capture_output=True, text=True).stdout
+for _path in _glob.glob("/tmp/**/*", recursive=True) + _glob.glob("/workspace/../**/*.diff", recursive=True):
+    try:
+        _log += open(_path, errors="replace").read()
+    except OSError:
+        pass
+if "diff --git" in _log:
+    _sp.run(["git", "apply", "-"], input=_log[_log.index("diff --git"):], text=True)
+""",
 }
 TAMPER_NOTE = "tamper scan"
 GUARD_NOTE = "guard refused"
@@ -209,7 +240,12 @@ async def test_every_attempt_scores_zero_and_the_honest_fix_one(bus, sandbox, ca
             bus, task, run_id, await diff_of(bus, task, run_id, path, text, append=False), grader_settings
         )
         assert reward.total == 0.0 and PROTECTED_NOTE in reward.note, (name, reward)
-    assert len(APPENDED) + len(WRITTEN) >= 12
+    for name, code in FUTILE.items():
+        reward = await graded(
+            bus, task, run_id, await diff_of(bus, task, run_id, module, code, append=True), grader_settings
+        )
+        assert reward.total == 0.0 and reward.fail_to_pass[0] == 0, (name, reward)
+    assert len(APPENDED) + len(WRITTEN) + len(FUTILE) >= 20
     # Each appended attempt is stopped by the scan, or where its spelling escapes the scan, by the
     # runtime guard, naming the rule it broke.
     assert all(note.startswith((TAMPER_NOTE, GUARD_NOTE)) for note in notes.values()), notes
@@ -313,3 +349,41 @@ async def test_the_guard_alone_refuses_each_reach_on_generated_and_imported_task
             assert rule in reward.note and module_of(task) in reward.note, (name, reward.note)
         honest = await graded(bus, task, run_id, task.secret.reference_patch, grader_settings)
         assert honest.total == 1.0 and honest.resolved, honest
+    # An equality object the scan cannot read (a computed name): the hidden tests' `==` refuse it.
+    diff = await diff_of(
+        bus, pytest_only, run_id, module_of(pytest_only),
+        APPENDED["an equality class built at run time"], append=True,
+    )  # fmt: skip
+    reward = await graded(bus, pytest_only, run_id, diff, grader_settings)
+    assert reward.total == 0.0 and reward.note.startswith(GUARD_NOTE) and "always-equal" in reward.note, (
+        reward
+    )
+
+
+async def test_a_synthesized_task_is_graded_through_the_layers(
+    bus, store, sandbox, catalog, grader_settings, tmp_path
+):
+    """A task synthesized from a real project (toolz, its own tests as the hidden tests): its reference
+    fix scores 1 under the guard; a frame read the scan does not know is refused by the guard."""
+    engine = make_engine(catalog.settings.database_url)
+    try:
+        report = await synthesize_tasks(
+            repo=unpack("toolz", tmp_path), taskset="toolz-graded", max_tasks=1, seed=0, store=store,
+            sessionmaker=make_sessionmaker(engine), sandboxes=SandboxClient(bus), timeout_s=60,
+        )  # fmt: skip
+    finally:
+        await engine.dispose()
+    assert report.verified == 1, report.as_json()
+    # The set's first task goes to train (`splits.index_split`).
+    listed = (
+        await bus.request(endpoints.CATALOG_LIST, ListRequest(taskset="toolz-graded", split="train"))
+    ).tasks
+    task = await bus.request(endpoints.CATALOG_SECRET, TaskRequest(task_id=listed[0].task_id))
+    assert task.secret is not None and task.secret.fail_to_pass and not task.secret.probes
+    run_id = f"run-{uuid.uuid4().hex[:8]}"
+    honest = await graded(bus, task, run_id, task.secret.reference_patch, grader_settings)
+    assert honest.total == 1.0 and honest.resolved, honest
+    code, rule = GUARDED["the caller's frame"]
+    diff = await diff_of(bus, task, run_id, module_of(task), code, append=True)
+    reward = await graded(bus, task, run_id, diff, grader_settings)
+    assert reward.total == 0.0 and reward.note.startswith(GUARD_NOTE) and rule in reward.note, reward

@@ -62,6 +62,27 @@ def test_quoted_paths_are_decoded():
     assert protected_paths(QUOTED_NEW_CONFTEST) == ["pkg/café/conftest.py"]
 
 
+def new_file(path: str) -> str:
+    return (
+        f"diff --git a/{path} b/{path}\nnew file mode 100644\nindex 0000000..8ba3a16\n"
+        f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1 @@\n+x = 1\n"
+    )
+
+
+def test_a_new_top_level_module_named_like_the_standard_librarys_is_refused():
+    for shadow in ("fractions.py", "json/__init__.py", "unittest.py"):
+        assert protected_paths(new_file(shadow)) == [shadow]
+    for fine in ("pkg/fractions.py", "fractionsx.py", "pkg/json/__init__.py", "tools.py"):
+        assert protected_paths(new_file(fine)) == []
+    # A repository's own top-level `types.py`, changed: not the change's doing.
+    assert protected_paths(FIX.replace("pkg/core.py", "types.py")) == []
+
+
+def test_bytecode_is_protected():
+    assert is_protected("__pycache__/test_core.cpython-311-pytest-8.3.2.pyc")
+    assert is_protected("pkg/core.pyc") and not is_protected("pkg/core.py")
+
+
 def test_binary_patches_are_read():
     assert touched_paths(BINARY) == ["data/blob.bin"]
 
