@@ -196,8 +196,11 @@ def _make_guard(spec_path: str, log_path: str, rewrite_code: object):
     import gc
     import site
     import sysconfig
+    import types
 
     _type, _len, _tuple, _frozenset, _str, _int, _bytes = type, len, tuple, frozenset, str, int, bytes
+    _isinstance, _setattr, _any, _sum, _list = isinstance, setattr, any, sum, list
+    syntax = types.SimpleNamespace(**vars(ast))  # the ast module as it is now, in a copy of our own
     getframe, get_ident, referents = sys._getframe, threading.get_ident, gc.get_referents
     write, dumps, fsdecode, abspath = os.write, json.dumps, os.fsdecode, os.path.abspath
     fnmatchcase, code_type = fnmatch.fnmatchcase, _type(_make_guard.__code__)
@@ -260,7 +263,7 @@ def _make_guard(spec_path: str, log_path: str, rewrite_code: object):
 
     def is_test(path: str) -> bool:
         parts = path.split("/")
-        return any(part in test_dirs for part in parts) or any(
+        return _any(part in test_dirs for part in parts) or _any(
             fnmatchcase(parts[-1], p) for p in test_patterns
         )
 
@@ -304,11 +307,11 @@ def _make_guard(spec_path: str, log_path: str, rewrite_code: object):
         if path in protected:
             return "test-sources", f"{event} {name}"
         mode, flags = (args[1], args[2]) if _len(args) >= 3 else (None, None)
-        writes = event != "open" or (_type(mode) is _str and any(c in mode for c in "wax+"))
+        writes = event != "open" or (_type(mode) is _str and _any(c in mode for c in "wax+"))
         writes = writes or (_type(flags) is _int and bool(flags & write_flags))
         if writes and path.startswith(prefix) and name.endswith(".py") and is_test(name):
             return "test-sources", f"{event} {name}"
-        inside = any(path == top or path.startswith(top + "/") for top in (root, temp, "/dev"))
+        inside = _any(path == top or path.startswith(top + "/") for top in (root, temp, "/dev"))
         return ("outside-writes", f"{event} {path}") if writes and not inside else None
 
     def trusted(eq: object) -> bool:
@@ -323,7 +326,7 @@ def _make_guard(spec_path: str, log_path: str, rewrite_code: object):
         if file.startswith(libraries):
             return True
         lines = added.get(file, ())
-        return file.startswith(prefix) and not any(line in lines for _, _, line in code.co_lines())
+        return file.startswith(prefix) and not _any(line in lines for _, _, line in code.co_lines())
 
     def own_eq(cls: type) -> object:
         for base in type_attribute(cls, "__mro__"):
@@ -369,46 +372,59 @@ def _make_guard(spec_path: str, log_path: str, rewrite_code: object):
 
     def markers(code) -> int:
         found = 1 if code.co_varnames[:3] == _MARK else 0
-        return found + sum(markers(c) for c in code.co_consts if _type(c) is _type(code))
+        return found + _sum(markers(c) for c in code.co_consts if _type(c) is _type(code))
+
+    def name(n: str):
+        return syntax.Name(n, syntax.Load())
+
+    def function(params: list[str], defaults: list, body):
+        arguments = syntax.arguments(
+            posonlyargs=[],
+            args=[syntax.arg(p) for p in params],
+            kwonlyargs=[],
+            kw_defaults=[],
+            defaults=defaults,
+        )
+        return syntax.Lambda(args=arguments, body=body)
+
+    def observed(node):
+        """`a == b` as `(lambda l, r: (lambda eq=l == r, lhs=l, rhs=r: 0).__defaults__[0])(a, b)`: each side
+        evaluated once, in order, and the inner `__defaults__` read hands the guard both and the result."""
+        compare = syntax.Compare(
+            left=name("_crucible_l"), ops=[syntax.Eq()], comparators=[name("_crucible_r")]
+        )
+        inner = function(
+            _list(_MARK), [compare, name("_crucible_l"), name("_crucible_r")], syntax.Constant(0)
+        )
+        seen = syntax.Subscript(
+            syntax.Attribute(inner, "__defaults__", syntax.Load()), syntax.Constant(0), syntax.Load()
+        )
+        outer = function(["_crucible_l", "_crucible_r"], [], seen)
+        return syntax.copy_location(syntax.Call(outer, [node.left, node.comparators[0]], []), node)
 
     def instrument(tree) -> int:
         """Rewrite each `a == b` of the module's asserts (outside nested scopes) so the guard sees it."""
         count = [0]
+        nested = (syntax.Lambda, syntax.GeneratorExp, syntax.ListComp, syntax.SetComp, syntax.DictComp)
 
         def wrap(node):
-            if isinstance(node, (ast.Lambda, ast.GeneratorExp, ast.ListComp, ast.SetComp, ast.DictComp)):
+            if _isinstance(node, nested):
                 return node
-            for field, value in ast.iter_fields(node):
-                if isinstance(value, ast.expr):
-                    setattr(node, field, wrap(value))
-                elif isinstance(value, list):
-                    setattr(node, field, [wrap(v) if isinstance(v, ast.expr) else v for v in value])
-            if isinstance(node, ast.Compare) and _len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq):
+            for field, value in syntax.iter_fields(node):
+                if _isinstance(value, syntax.expr):
+                    _setattr(node, field, wrap(value))
+                elif _isinstance(value, _list):
+                    _setattr(node, field, [wrap(v) if _isinstance(v, syntax.expr) else v for v in value])
+            single = _isinstance(node, syntax.Compare) and _len(node.ops) == 1
+            if single and _isinstance(node.ops[0], syntax.Eq):
                 count[0] += 1
-                left, right = (ast.Name(n, ast.Load()) for n in ("_crucible_l", "_crucible_r"))
-                compare = ast.Compare(left=left, ops=[ast.Eq()], comparators=[right])
-                names = [ast.arg(n) for n in _MARK]
-                inner = ast.Lambda(
-                    args=ast.arguments(posonlyargs=[], args=names, kwonlyargs=[], kw_defaults=[],
-                                       defaults=[compare, ast.Name("_crucible_l", ast.Load()),
-                                                 ast.Name("_crucible_r", ast.Load())]),
-                    body=ast.Constant(0),
-                )  # fmt: skip
-                seen = ast.Subscript(
-                    ast.Attribute(inner, "__defaults__", ast.Load()), ast.Constant(0), ast.Load()
-                )
-                outer = ast.Lambda(
-                    args=ast.arguments(posonlyargs=[], args=[ast.arg("_crucible_l"), ast.arg("_crucible_r")],
-                                       kwonlyargs=[], kw_defaults=[], defaults=[]),
-                    body=seen,
-                )  # fmt: skip
-                node = ast.copy_location(ast.Call(outer, [node.left, node.comparators[0]], []), node)
+                return observed(node)
             return node
 
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Assert):
+        for node in syntax.walk(tree):
+            if _isinstance(node, syntax.Assert):
                 node.test = wrap(node.test)
-        ast.fix_missing_locations(tree)
+        syntax.fix_missing_locations(tree)
         return count[0]
 
     def hook(event: str, args: Any) -> None:
