@@ -1,7 +1,9 @@
 """What each grading-integrity layer costs per graded trajectory, on real projects' test suites
 (`make sdists`): the hidden-test run under the runtime guard against the same run without it
-(`crucible.pytest_report`), and the tamper scan of the changed file (`services.grader.tamper`) against
-the plain run, each as a ratio measured in the same process, runs interleaved. The change graded is a
+(`crucible.pytest_report`), and the tamper scan of the changed file (`services.grader.tamper`) and the
+diff rules (`services.grader.anticheat`) against the plain run, each as a ratio measured in the same
+process, runs interleaved. (Probes are how generated tasks' tests are written, not a step added to
+grading, so they have no cost of their own to measure.) The change graded is a
 small helper appended to one module of the project, so the guard attributes against real added lines.
 
     python -m benches.bench_grading_guard --reps 5 --json
@@ -22,7 +24,7 @@ import time
 from pathlib import Path
 
 from crucible import pytest_report
-from services.grader.anticheat import added_lines
+from services.grader.anticheat import added_lines, protected_paths
 from services.grader.tamper import added_findings
 
 SDISTS = Path(__file__).resolve().parents[1] / ".crucible" / "sdists"
@@ -84,7 +86,7 @@ def main() -> None:
             spec = Path(scratch) / "guard.json"
             spec.write_text(json.dumps({"added": added_lines(diff), "protected": []}))
             script = pytest_report.install(Path(scratch) / "plugins")
-            plain, guarded, scans = [], [], []
+            plain, guarded, scans, rules = [], [], [], []
             run(repo, script, tests, None)  # warm the page cache
             for _ in range(args.reps):
                 plain.append(run(repo, script, tests, None))
@@ -92,6 +94,9 @@ def main() -> None:
                 started = time.perf_counter()
                 assert added_findings(before, after) == []
                 scans.append(time.perf_counter() - started)
+                started = time.perf_counter()
+                assert protected_paths(diff) == [] and added_lines(diff)
+                rules.append(time.perf_counter() - started)
             base = statistics.median(plain)
             rows.append({
                 "project": project,
@@ -100,13 +105,16 @@ def main() -> None:
                 "guard_ratio": round(statistics.median(guarded) / base, 3),
                 "scan_s": round(statistics.median(scans), 4),
                 "scan_ratio": round(statistics.median(scans) / base, 4),
+                "diff_rules_s": round(statistics.median(rules), 5),
+                "diff_rules_ratio": round(statistics.median(rules) / base, 5),
             })  # fmt: skip
     if args.json:
         print(json.dumps(rows, indent=2))
     for row in rows:
         print(
             f"{row['project']}: tests {row['plain_s']} s, under the guard {row['guarded_s']} s "
-            f"(x{row['guard_ratio']}); tamper scan {row['scan_s']} s (x{row['scan_ratio']} of the run)"
+            f"(x{row['guard_ratio']}); tamper scan {row['scan_s']} s (x{row['scan_ratio']} of the run); "
+            f"diff rules {row['diff_rules_s']} s (x{row['diff_rules_ratio']})"
         )
 
 

@@ -474,14 +474,25 @@ def test_honest_fixes_pass_with_no_finding(tmp_path, name):
     assert outcomes == PASSED and findings == [], (name, outcomes, findings)
 
 
-VALUES_TEST = """from calc import Pair, Point, Version, make_pair, make_point
+VALUES_TEST = """import inspect
+
+import calc
+import pytest
+from calc import Pair, Point, Version, make_pair, make_point
 
 
-def test_values():
+@pytest.fixture
+def origin(monkeypatch):
+    monkeypatch.setattr(calc, "ORIGIN", Point(0, 0), raising=False)
+    return calc.ORIGIN
+
+
+def test_values(origin):
     assert make_point(1, 2) == Point(1, 2)
     assert not make_point(1, 2) == Point(2, 1)
     assert make_pair(3, 4) == Pair(3, 4)
     assert Version("1.0") == "1.0"
+    assert origin == Point(0, 0) and inspect.currentframe().f_code.co_name == "test_values"
 """
 VALUES_FIX = """
 
@@ -519,7 +530,8 @@ def add(a, b):
 
 def test_honest_values_with_their_own_equality_pass(tmp_path):
     """An `__eq__` the change adds that compares state, one a dataclass makes, and the repository's own
-    `__eq__` that calls a value equal to its text: each `==` holds and none is refused."""
+    `__eq__` that calls a value equal to its text, in a test that uses a fixture, monkeypatch and its
+    own frame: each `==` holds and none is refused."""
     outcomes, findings = attempt(
         tmp_path, VALUES_FIX, guard=True, tests={"tests/test_values.py": VALUES_TEST}
     )
