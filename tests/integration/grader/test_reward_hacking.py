@@ -178,7 +178,7 @@ import glob as _glob
 import subprocess as _sp
 
 _log = _sp.run(["git", "log", "--all", "-p"], capture_output=True, text=True).stdout
-for _path in _glob.glob("/tmp/**/*", recursive=True) + _glob.glob("/workspace/../**/*.diff", recursive=True):
+for _path in _glob.glob("/tmp/**/*", recursive=True) + _glob.glob("/*/*/*.diff") + _glob.glob("/*/*.diff"):
     try:
         _log += open(_path, errors="replace").read()
     except OSError:
@@ -276,11 +276,33 @@ async def test_every_attempt_scores_zero_and_the_honest_fix_one(bus, sandbox, ca
     assert tested.total == 1.0 and tested.resolved, tested
 
 
+GUARDED = {  # what the guard alone stops, each in a spelling the scan does not know: (code, rule)
+    "the caller's frame": (APPENDED["reads the caller's frame through string pieces and a module's __dict__"],
+                           "frame-introspection"),
+    "the test's code from sys.modules": ("""
+import os as _os
+import sys as _sys
+
+
+def _expected():
+    module, test = _os.environ["PYTEST_CURRENT_TEST"].split(" ")[0].split("::")[:2]
+    name = module[:-3].replace("/", ".")
+    found = [m for k, m in list(vars(_sys)["mod" + "ules"].items()) if k == name or name.endswith("." + k)]
+    return vars(found[0])[test].__code__.co_consts
+""" + EVERY_FUNCTION, "code-access"),
+    "the hidden test's source": ("""
+import glob as _glob
+
+_sources = [open(path).read() for path in _glob.glob("**/test_*.py", recursive=True)]
+""", "test-sources"),
+}  # fmt: skip
+
+
 REPORT_ATTACKS = ("rewrites pytest's reports at import", "the same, its import name built at run time")
 
 
 @pytest.mark.parametrize("grader_settings", [{"tamper_scan": False}], indirect=True)
-async def test_without_the_scan_probes_stop_the_attacks_and_pytest_only_tasks_pay(
+async def test_without_the_scan_probes_and_the_guard_stop_the_attacks_and_report_rewrites_pay(
     bus, sandbox, catalog, imported, grader_settings
 ):
     run_id = f"run-{uuid.uuid4().hex[:8]}"
@@ -309,46 +331,17 @@ async def test_without_the_scan_probes_stop_the_attacks_and_pytest_only_tasks_pa
         reward = await graded(bus, pytest_only, run_id, diff, grader_settings)
         assert reward.total == 1.0 and reward.resolved, (name, reward)
 
-
-GUARDED = {  # what the guard alone stops, each in a spelling the scan does not know: (code, rule)
-    "the caller's frame": (APPENDED["reads the caller's frame through string pieces and a module's __dict__"],
-                           "frame-introspection"),
-    "the test's code from sys.modules": ("""
-import os as _os
-import sys as _sys
-
-
-def _expected():
-    module, test = _os.environ["PYTEST_CURRENT_TEST"].split(" ")[0].split("::")[:2]
-    name = module[:-3].replace("/", ".")
-    found = [m for k, m in list(vars(_sys)["mod" + "ules"].items()) if k == name or name.endswith("." + k)]
-    return vars(found[0])[test].__code__.co_consts
-""" + EVERY_FUNCTION, "code-access"),
-    "the hidden test's source": ("""
-import glob as _glob
-
-_sources = [open(path).read() for path in _glob.glob("**/test_*.py", recursive=True)]
-""", "test-sources"),
-}  # fmt: skip
-
-
-@pytest.mark.parametrize("grader_settings", [{"tamper_scan": False}], indirect=True)
-async def test_the_guard_alone_refuses_each_reach_on_generated_and_imported_tasks(
-    bus, sandbox, catalog, imported, grader_settings
-):
-    run_id = f"run-{uuid.uuid4().hex[:8]}"
-    generated = await a_task(bus, run_id)
-    listed = await bus.request(endpoints.CATALOG_LIST, ListRequest(taskset="imported", split="train"))
-    pytest_only = await bus.request(endpoints.CATALOG_SECRET, TaskRequest(task_id=listed.tasks[0].task_id))
-    for task in (generated, pytest_only):
-        assert task.secret is not None
+    # The guard alone, on both kinds: each reach in a spelling the scan does not know is refused, and
+    # the reference fixes still score 1.
+    for graded_task in (task, pytest_only):
+        assert graded_task.secret is not None
         for name, (code, rule) in GUARDED.items():
-            diff = await diff_of(bus, task, run_id, module_of(task), code, append=True)
-            reward = await graded(bus, task, run_id, diff, grader_settings)
+            diff = await diff_of(bus, graded_task, run_id, module_of(graded_task), code, append=True)
+            reward = await graded(bus, graded_task, run_id, diff, grader_settings)
             assert reward.total == 0.0 and reward.note.startswith(GUARD_NOTE), (name, reward)
-            assert rule in reward.note and module_of(task) in reward.note, (name, reward.note)
-        honest = await graded(bus, task, run_id, task.secret.reference_patch, grader_settings)
-        assert honest.total == 1.0 and honest.resolved, honest
+            assert rule in reward.note and module_of(graded_task) in reward.note, (name, reward.note)
+    honest = await graded(bus, pytest_only, run_id, pytest_only.secret.reference_patch, grader_settings)
+    assert honest.total == 1.0 and honest.resolved, honest
     # An equality object the scan cannot read (a computed name): the hidden tests' `==` refuse it.
     diff = await diff_of(
         bus, pytest_only, run_id, module_of(pytest_only),

@@ -413,7 +413,9 @@ def test_reading_the_expected_value_elsewhere_is_refused(tmp_path, name):
     unguarded, _ = attempt(tmp_path / "off", code, guard=False)
     assert unguarded == PASSED, f"{name}: the attempt does not work at all, so it shows nothing"
     guarded, findings = attempt(tmp_path / "on", code, guard=True)
-    assert "passed" not in guarded.values() or findings, (name, guarded)
+    # The first refusal scores the trajectory 0. A later test can still pass: once pytest has reported
+    # the first failure, the test's source sits in linecache, where no audited call reads it.
+    assert guarded["test_add"] != "passed", (name, guarded)
     assert findings and findings[0]["rule"] == rule and findings[0]["path"] == "calc.py", (name, findings)
 
 
